@@ -1,0 +1,53 @@
+# dstk: two commands do everything on a fresh machine — `make demo` and `make test`.
+# Both create .venv when it is missing. Override TORCH_SPEC for a CUDA build, e.g.
+#   make test TORCH_SPEC='torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128'
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.dstk-installed
+# JIT-built DeepSpeed ops (shm_comm, cpu_adam) are cached inside the venv so CI and users share nothing by hand.
+export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
+export OMP_NUM_THREADS ?= 1
+export WANDB_MODE ?= offline
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+
+.PHONY: install demo test test-fast lint format bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# torch first, always: resolving deepspeed with no torch present pulls a multi-GB CUDA build.
+$(STAMP): setup.cfg pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet $(TORCH_SPEC)
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m toolkit.demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -ra tests
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -ra -m "not multiprocess and not slow" tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+bench: $(STAMP)
+	$(PY) benchmarks/plan_speed.py
+	$(PY) benchmarks/published_runs.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info
