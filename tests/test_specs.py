@@ -1,0 +1,228 @@
+"""Model and cluster descriptions: loading, defaults, exact parameter counts, and their errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from toolkit.errors import UserError
+from toolkit.hf_config import to_hf_config
+from toolkit.load import load_cluster, load_model, model_from_params
+from toolkit.presets import preset_names
+from toolkit.specs import ClusterSpec, ModelSpec
+
+DESIGN_MODEL_PRESETS = [
+    "gpt2",
+    "gpt2-xl",
+    "llama-7b",
+    "llama-13b",
+    "llama-70b",
+    "gpt3-175b",
+    "bloom-176b",
+    "mixtral-8x7b",
+    "gpt-1t",
+]
+DESIGN_CLUSTER_PRESETS = ["dgx-a100-40g", "dgx-a100-80g", "dgx-h100", "h200", "v100-32g", "cpu"]
+
+
+def test_every_preset_named_in_design_exists() -> None:
+    assert set(DESIGN_MODEL_PRESETS) <= set(preset_names("models"))
+    assert set(DESIGN_CLUSTER_PRESETS) <= set(preset_names("clusters"))
+
+
+@pytest.mark.parametrize("name", preset_names("models"))
+def test_param_count_equals_hf_model_on_meta(name: str) -> None:
+    """Exact counting: sum(p.numel()) of the HF model built from the same config on the meta device."""
+    torch = pytest.importorskip("torch")
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    spec = load_model(name)
+    config = AutoConfig.for_model(**to_hf_config(spec))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    assert sum(p.numel() for p in model.parameters()) == spec.n_params()
+
+
+def test_known_published_counts() -> None:
+    assert load_model("gpt2").n_params() == 124_439_808
+    assert load_model("llama-7b").n_params() == 6_738_415_616
+    mixtral = load_model("mixtral-8x7b")
+    assert mixtral.n_params() == 46_702_792_704
+    assert 12.8e9 < mixtral.n_active_params() < 13.0e9  # "~12.9B active" (Jiang et al. 2024)
+
+
+def test_core_only_file_is_a_gpt_decoder(tmp_path) -> None:
+    path = tmp_path / "m.yaml"
+    path.write_text("name: mine\nn_layers: 2\nhidden_size: 64\nn_heads: 4\nvocab_size: 100\nseq_length: 32\n")
+    spec = load_model(str(path))
+    assert (spec.architecture, spec.n_kv_heads, spec.ffn_hidden_size, spec.tied_embeddings) == (
+        "gpt2",
+        4,
+        256,
+        True,
+    )
+    assert spec.num_experts == 0 and spec.moe_top_k == 1 and spec.moe_layer_interval == 1
+
+
+@pytest.mark.parametrize(
+    "hf",
+    [
+        {
+            "model_type": "gpt2",
+            "n_layer": 2,
+            "n_embd": 64,
+            "n_head": 4,
+            "vocab_size": 500,
+            "n_positions": 128,
+        },
+        {
+            "model_type": "llama",
+            "num_hidden_layers": 2,
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "intermediate_size": 172,
+            "vocab_size": 500,
+            "max_position_embeddings": 256,
+        },
+        {
+            "model_type": "mistral",
+            "num_hidden_layers": 2,
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "intermediate_size": 128,
+            "vocab_size": 500,
+        },
+        {
+            "model_type": "mixtral",
+            "num_hidden_layers": 2,
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "intermediate_size": 96,
+            "vocab_size": 500,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+        },
+        {
+            "model_type": "qwen2",
+            "num_hidden_layers": 2,
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "intermediate_size": 160,
+            "vocab_size": 500,
+            "tie_word_embeddings": True,
+        },
+        {"model_type": "bloom", "n_layer": 2, "hidden_size": 64, "n_head": 4, "vocab_size": 500},
+    ],
+    ids=lambda d: d["model_type"],
+)
+def test_hf_config_json_counts_like_hf(tmp_path, hf: dict) -> None:
+    """An HF config.json (as `save_pretrained` writes it, defaults filled) loads to the same count."""
+    torch = pytest.importorskip("torch")
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(**hf)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config.to_dict()))
+    spec = load_model(str(path))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    assert spec.architecture == hf["model_type"]
+    assert spec.n_params() == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("target", [7.5e9, 175e9, 1e12, 1.3e9])
+def test_params_builds_gpt3_shape_within_half_percent(target: float) -> None:
+    spec = model_from_params(target)
+    assert abs(spec.n_params() / target - 1) < 0.005
+    assert spec.n_heads % 8 == 0 and spec.hidden_size % spec.n_heads == 0
+
+
+def test_175e9_is_gpt3_shape() -> None:
+    spec = model_from_params(175e9)
+    assert (spec.n_layers, spec.hidden_size, spec.n_heads) == (96, 12288, 96)
+
+
+def test_cluster_file_with_first_group_only_loads(tmp_path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "nodes: 2\ngpus_per_node: 4\naccelerator: cuda\ngpu_memory_gib: 24\ngpu_peak_tflops: 100\n"
+        "intra_node_gb_per_s: 50\ninter_node_gb_per_s: 12.5\ncpu_memory_gib: 256\nnvme_gib: 0\n"
+    )
+    cluster = load_cluster(str(path))
+    assert cluster.world_size == 8 and cluster.supports_fp16 and cluster.gpu_fp32_peak_tflops == 100 / 16
+
+
+def test_cluster_overrides_and_cpu_rules() -> None:
+    cluster = load_cluster("dgx-a100-80g", {"nodes": 48})
+    assert cluster.nodes == 48 and cluster.world_size == 384
+    cpu = load_cluster("cpu")
+    assert not cpu.supports("fp16") and cpu.supports("bf16")
+
+
+def test_specs_are_frozen() -> None:
+    spec = load_model("gpt2")
+    with pytest.raises(Exception, match="frozen"):
+        spec.n_layers = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        (
+            "n_layers: 2\nhidden_size: 64\nn_heads: 4\nvocab_size: 10\nseq_length: 8\nn_layer: 3\n",
+            r"n_layer: unknown field \(did you mean n_layers\?\)",
+        ),
+        (
+            "n_layers: 0\nhidden_size: 64\nn_heads: 4\nvocab_size: 10\nseq_length: 8\n",
+            r"n_layers: input should be greater than 0",
+        ),
+        (
+            "n_layers: 2\nhidden_size: 64\nn_heads: 5\nvocab_size: 10\nseq_length: 8\n",
+            r"hidden_size\(64\) is not divisible by n_heads\(5\)",
+        ),
+        (
+            "n_layers: 2\nhidden_size: 64\nn_heads: 4\nn_kv_heads: 3\nvocab_size: 10\nseq_length: 8\n",
+            r"n_kv_heads",
+        ),
+        ("n_layers: 2\nhidden_size: 64\n", r"n_heads: required field missing"),
+        ("n_layers: [2\n", r"malformed YAML at line"),
+        ("- 1\n- 2\n", r"expected a mapping"),
+    ],
+)
+def test_bad_model_files_name_the_field(tmp_path, text: str, match: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(UserError, match=match) as info:
+        load_model(str(path))
+    assert "\n" not in str(info.value)
+
+
+def test_unknown_preset_suggests_close_name() -> None:
+    with pytest.raises(UserError, match=r"did you mean llama-7b\?"):
+        load_model("lama-7b")
+
+
+def test_missing_file() -> None:
+    with pytest.raises(UserError, match=r"nope\.yaml: file not found"):
+        load_cluster("nope.yaml")
+
+
+def test_misspelt_cluster_field(tmp_path) -> None:
+    path = tmp_path / "cluster.yaml"
+    path.write_text("nodes: 1\ngpus_per_nod: 8\n")
+    with pytest.raises(
+        UserError, match=r"cluster.yaml: gpus_per_nod: unknown field \(did you mean gpus_per_node\?\)"
+    ):
+        load_cluster(str(path))
+
+
+def test_field_docstrings_become_descriptions() -> None:
+    """Every field documents itself (the CLI help is built from these)."""
+    for cls in (ModelSpec, ClusterSpec):
+        for name, field in cls.model_fields.items():
+            assert field.description, f"{cls.__name__}.{name} has no docstring"

@@ -1,0 +1,120 @@
+"""Exact parameter counts, by component, for the decoder architectures dstk knows.
+
+Counts follow the HF implementations module by module (a test builds each preset's HF model on the `meta`
+device and compares `sum(p.numel())`). Components are kept apart because tensor, pipeline and expert
+parallelism split them differently: matrices shard over TP, norms and some biases are replicated, the
+embedding sits on the first pipeline stage and the head on the last, experts shard over EP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from toolkit.specs import ModelSpec
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    """Parameters of one model by component; per-layer fields count one block."""
+
+    word_embedding: int
+    position_embedding: int
+    embedding_norm: int
+    attention_weights: int
+    """q, k, v, o matrices of one block (column/row parallel under TP)."""
+    attention_sharded_bias: int
+    """q/k/v biases of one block (split with their column-parallel matrices)."""
+    attention_replicated_bias: int
+    """Output-projection bias of one block (after the row-parallel reduce: replicated)."""
+    mlp_weights: int
+    mlp_sharded_bias: int
+    mlp_replicated_bias: int
+    block_norms: int
+    router: int
+    """Gate of one MoE block (h × E, no bias)."""
+    expert: int
+    """One expert's MLP including biases."""
+    final_norm: int
+    lm_head: int
+    """0 when tied to the word embedding."""
+    n_layers: int
+    n_moe_layers: int
+    num_experts: int
+    moe_top_k: int
+
+    @property
+    def dense_mlp(self) -> int:
+        return self.mlp_weights + self.mlp_sharded_bias + self.mlp_replicated_bias
+
+    @property
+    def attention(self) -> int:
+        return self.attention_weights + self.attention_sharded_bias + self.attention_replicated_bias
+
+    @property
+    def block_common(self) -> int:
+        """Parameters every block has, dense or MoE: attention and the two norms."""
+        return self.attention + self.block_norms
+
+    @property
+    def n_dense_layers(self) -> int:
+        return self.n_layers - self.n_moe_layers
+
+    @property
+    def embeddings(self) -> int:
+        return self.word_embedding + self.position_embedding + self.embedding_norm
+
+    @property
+    def head(self) -> int:
+        return self.final_norm + self.lm_head
+
+    @property
+    def expert_total(self) -> int:
+        """All expert parameters in the model (the part expert parallelism shards)."""
+        return self.n_moe_layers * self.num_experts * self.expert
+
+    @property
+    def total(self) -> int:
+        blocks = self.n_layers * self.block_common + self.n_dense_layers * self.dense_mlp
+        moe = self.n_moe_layers * self.router + self.expert_total
+        return self.embeddings + blocks + moe + self.head
+
+    @property
+    def active(self) -> int:
+        """Parameters one token uses: the routed top-k experts instead of all of them."""
+        return self.total - self.n_moe_layers * (self.num_experts - self.moe_top_k) * self.expert
+
+
+def _mlp(hidden: int, ffn: int, gated: bool, bias: bool) -> tuple[int, int, int]:
+    """(weights, column-parallel biases, row-parallel bias) of one MLP."""
+    n_in = 2 if gated else 1  # gate and up projections, or the single up projection
+    weights = (n_in + 1) * hidden * ffn
+    return weights, (n_in * ffn if bias else 0), (hidden if bias else 0)
+
+
+def count_params(spec: ModelSpec) -> ParamCount:
+    """Count every parameter of `spec` by component (see module docstring for the HF correspondence)."""
+    h, d = spec.hidden_size, spec.head_dim
+    q_width, kv_width = spec.n_heads * d, spec.n_kv_heads * d
+    norm = 2 * h if spec.norm == "layernorm" else h
+    mlp_w, mlp_sb, mlp_rb = _mlp(h, spec.ffn_hidden_size, spec.gated_mlp, spec.mlp_bias)
+    ew, esb, erb = _mlp(h, spec.moe_ffn_hidden_size, spec.gated_mlp, spec.mlp_bias)
+    return ParamCount(
+        word_embedding=spec.vocab_size * h,
+        position_embedding=spec.max_position_embeddings * h if spec.position_embedding == "learned" else 0,
+        embedding_norm=norm if spec.embedding_norm else 0,
+        attention_weights=h * (q_width + 2 * kv_width) + q_width * h,
+        attention_sharded_bias=(q_width + 2 * kv_width) if spec.attention_bias else 0,
+        attention_replicated_bias=h if spec.attention_out_bias else 0,
+        mlp_weights=mlp_w,
+        mlp_sharded_bias=mlp_sb,
+        mlp_replicated_bias=mlp_rb,
+        block_norms=2 * norm,
+        router=h * spec.num_experts,
+        expert=ew + esb + erb,
+        final_norm=norm,
+        lm_head=0 if spec.tied_embeddings else spec.vocab_size * h,
+        n_layers=spec.n_layers,
+        n_moe_layers=spec.n_moe_layers,
+        num_experts=spec.num_experts,
+        moe_top_k=spec.moe_top_k,
+    )
