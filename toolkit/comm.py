@@ -1,0 +1,102 @@
+"""Cost of collectives over a process group placed on a cluster (alpha-beta model).
+
+Bandwidth terms follow the ring algorithms NCCL and gloo use (Patarasuk & Yuan 2009; Thakur et al. 2005):
+an all-reduce of S bytes over n ranks moves 2(n-1)/n · S per rank, an all-gather or reduce-scatter
+(n-1)/n · S, where S is the full (gathered) size.
+
+Placement decides the bandwidth. A group inside one node runs at the intra-node (NVLink) bandwidth. A group
+with k members on each of several nodes is bound by the slower of NVLink and the k NICs its members own on
+every node: `min(intra, k · inter)`. This is why a data-parallel group with one GPU per node (TP = 8) gets
+one NIC's bandwidth while the same group with TP = 1 gets all eight (nccl-tests on DGX A100 show ~190 GB/s
+all-reduce bus bandwidth across nodes with 8 × 200 Gb/s HDR, i.e. 8 NICs).
+
+Latency: one collective call costs `collective_latency_us · ceil(log2 n)` — tree/ring start-up (NCCL picks
+trees for small messages). Bucketed communication pays it once per bucket.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from toolkit.specs import ClusterSpec
+
+
+@dataclass(frozen=True)
+class Group:
+    """A process group: its size and how many of its members share each node."""
+
+    size: int
+    per_node: int
+
+    @property
+    def spans_nodes(self) -> bool:
+        return self.size > self.per_node
+
+
+def group(size: int, stride: int, cluster: ClusterSpec) -> Group:
+    """A group of `size` ranks spaced `stride` apart in rank order (nodes hold consecutive ranks).
+
+    DeepSpeed and Megatron order ranks TP-innermost, then sequence/data parallel, then pipeline, so the
+    TP group has stride 1, the DP group stride tp·sp, and pipeline neighbours stride tp·sp·dp.
+    """
+    gpn = cluster.gpus_per_node
+    per_node = max(1, min(size, gpn // stride)) if stride < gpn else 1
+    return Group(size=size, per_node=per_node)
+
+
+def bandwidth_bytes_per_s(g: Group, cluster: ClusterSpec) -> float:
+    """Per-rank bus bandwidth of a ring over the group, in bytes/s."""
+    intra = cluster.intra_node_gb_per_s * 1e9
+    if not g.spans_nodes:
+        return intra
+    return min(intra, g.per_node * cluster.inter_node_gb_per_s * 1e9)
+
+
+def latency_s(g: Group, cluster: ClusterSpec, calls: int = 1) -> float:
+    if g.size <= 1:
+        return 0.0
+    return calls * cluster.collective_latency_us * 1e-6 * math.ceil(math.log2(g.size))
+
+
+def all_reduce_s(nbytes: float, g: Group, cluster: ClusterSpec, calls: int = 1) -> float:
+    if g.size <= 1 or nbytes <= 0:
+        return 0.0
+    return 2 * (g.size - 1) / g.size * nbytes / bandwidth_bytes_per_s(g, cluster) + latency_s(
+        g, cluster, calls
+    )
+
+
+def all_gather_s(nbytes: float, g: Group, cluster: ClusterSpec, calls: int = 1) -> float:
+    """All-gather (or reduce-scatter) whose gathered result is `nbytes`."""
+    if g.size <= 1 or nbytes <= 0:
+        return 0.0
+    return (g.size - 1) / g.size * nbytes / bandwidth_bytes_per_s(g, cluster) + latency_s(g, cluster, calls)
+
+
+reduce_scatter_s = all_gather_s
+
+
+def all_to_all_s(nbytes: float, g: Group, cluster: ClusterSpec, calls: int = 1) -> float:
+    """All-to-all where each rank sends `nbytes` in total (an equal share to every member).
+
+    The share for members on the same node crosses NVLink, the rest crosses the rank's own NIC; both go at
+    once, so the slower of the two bounds the call.
+    """
+    if g.size <= 1 or nbytes <= 0:
+        return 0.0
+    intra_part = nbytes * (g.per_node - 1) / g.size
+    inter_part = nbytes * (g.size - g.per_node) / g.size
+    t = max(
+        intra_part / (cluster.intra_node_gb_per_s * 1e9),
+        inter_part / (cluster.inter_node_gb_per_s * 1e9) if inter_part else 0.0,
+    )
+    return t + latency_s(g, cluster, calls)
+
+
+def p2p_s(nbytes: float, crosses_nodes: bool, cluster: ClusterSpec) -> float:
+    """One point-to-point send between pipeline neighbours."""
+    if nbytes <= 0:
+        return 0.0
+    bw = (cluster.inter_node_gb_per_s if crosses_nodes else cluster.intra_node_gb_per_s) * 1e9
+    return nbytes / bw + cluster.collective_latency_us * 1e-6

@@ -1,0 +1,141 @@
+"""CLI verbs and the argument groups they share.
+
+Flags are derived from the pydantic fields they set (names, choices, help text), so the help and the specs
+cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import typing
+from typing import Any, NoReturn
+
+# verb -> (module under toolkit.commands, one-line summary)
+VERBS: dict[str, tuple[str, str]] = {
+    "estimate": ("estimate", "Predict memory per GPU, step time, throughput and MFU of one layout."),
+    "presets": ("presets", "List model and cluster presets with their key figures."),
+}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a usage error in one line and exits 2 (instead of usage + message)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+# Layout flags: DESIGN.md names them; the rest of each flag comes from the LayoutRequest field.
+LAYOUT_FLAGS: dict[str, str] = {
+    "zero_stage": "--zero-stage",
+    "tp": "--tp",
+    "pp": "--pp",
+    "ep": "--ep",
+    "sp": "--sp",
+    "micro_batch_size": "--micro-batch",
+    "global_batch_size": "--global-batch",
+    "gradient_accumulation_steps": "--grad-accum",
+    "recompute": "--recompute",
+    "offload_optimizer": "--offload-optimizer",
+    "offload_param": "--offload-param",
+    "precision": "--precision",
+    "optimizer": "--optimizer",
+}
+
+# Cluster fields that can be overridden on the command line (the rest: write a cluster file).
+CLUSTER_OVERRIDES = (
+    "nodes",
+    "gpus_per_node",
+    "gpu_memory_gib",
+    "gpu_peak_tflops",
+    "intra_node_gb_per_s",
+    "inter_node_gb_per_s",
+    "cpu_memory_gib",
+    "nvme_gib",
+    "gpu_matmul_efficiency",
+)
+
+
+def _choices(annotation: Any) -> tuple[type, list[Any] | None]:
+    """(python type, Literal choices) of a field annotation such as `Literal[0, 1] | None`."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+    inner = args[0]
+    if typing.get_origin(inner) is typing.Literal:
+        values = list(typing.get_args(inner))
+        return type(values[0]), values
+    if typing.get_origin(annotation) is typing.Literal:
+        values = list(typing.get_args(annotation))
+        return type(values[0]), values
+    return inner if isinstance(inner, type) else str, None
+
+
+def add_model_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    group = parser.add_argument_group("model")
+    which = group.add_mutually_exclusive_group(required=required)
+    which.add_argument("--model", metavar="M", help="preset name, dstk YAML/JSON file, or HF config.json")
+    which.add_argument(
+        "--params", metavar="N", type=float, help="a GPT-3-shaped model of N parameters, e.g. 175e9"
+    )
+    group.add_argument(
+        "--seq-length", type=int, metavar="S", help="override the model's training sequence length"
+    )
+
+
+def add_cluster_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    from toolkit.specs import ClusterSpec
+
+    group = parser.add_argument_group("cluster")
+    group.add_argument(
+        "--cluster", metavar="C", required=required, help="preset name or cluster YAML/JSON file"
+    )
+    for name in CLUSTER_OVERRIDES:
+        field = ClusterSpec.model_fields[name]
+        kind, _ = _choices(field.annotation)
+        group.add_argument(f"--{name.replace('_', '-')}", type=kind, metavar="X", help=field.description)
+
+
+def add_layout_args(parser: argparse.ArgumentParser) -> None:
+    from toolkit.layout import LayoutRequest
+
+    group = parser.add_argument_group("layout")
+    for name, flag in LAYOUT_FLAGS.items():
+        field = LayoutRequest.model_fields[name]
+        kind, choices = _choices(field.annotation)
+        group.add_argument(
+            flag,
+            dest=name,
+            type=kind,
+            choices=choices,
+            metavar=None if choices else "N",
+            help=field.description,
+        )
+
+
+def model_from_args(args: argparse.Namespace) -> Any:
+    from toolkit.load import load_model, model_from_params
+
+    if args.params is not None:
+        model = model_from_params(args.params, **({"seq_length": args.seq_length} if args.seq_length else {}))
+        return model
+    return load_model(args.model, {"seq_length": args.seq_length})
+
+
+def cluster_from_args(args: argparse.Namespace) -> Any:
+    from toolkit.load import load_cluster
+
+    return load_cluster(args.cluster, {name: getattr(args, name, None) for name in CLUSTER_OVERRIDES})
+
+
+def layout_request_from_args(args: argparse.Namespace) -> Any:
+    from toolkit.layout import LayoutRequest
+    from toolkit.load import build
+
+    given = {name: getattr(args, name) for name in LAYOUT_FLAGS if getattr(args, name, None) is not None}
+    return build(LayoutRequest, given, "layout", labels=LAYOUT_FLAGS)
+
+
+def print_json(data: Any) -> None:
+    import json
+
+    json.dump(data, sys.stdout, sort_keys=True, indent=2)
+    sys.stdout.write("\n")

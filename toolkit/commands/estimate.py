@@ -1,0 +1,38 @@
+"""`dstk estimate`: memory per GPU, step time, throughput and MFU of one layout (pure; no torch)."""
+
+from __future__ import annotations
+
+import argparse
+
+from toolkit.commands import (
+    add_cluster_args,
+    add_layout_args,
+    add_model_args,
+    cluster_from_args,
+    layout_request_from_args,
+    model_from_args,
+    print_json,
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_args(parser)
+    add_cluster_args(parser)
+    add_layout_args(parser)
+    parser.add_argument("--json", action="store_true", help="print the estimate as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from toolkit.estimate import estimate
+    from toolkit.layout import resolve_layout
+
+    model, cluster = model_from_args(args), cluster_from_args(args)
+    layout = resolve_layout(model, cluster, layout_request_from_args(args))
+    result = estimate(model, cluster, layout)
+    if args.json:
+        print_json(result.to_dict())
+    else:
+        from toolkit.report import print_estimate
+
+        print_estimate(result)
+    return 0

@@ -1,0 +1,218 @@
+"""The cost model: memory per rank, step time, throughput and MFU of one layout. Pure; no torch import.
+
+`estimate()` walks the pipeline stages (blocks spread evenly, embedding on the first stage, head on the
+last), computes each stage's memory and per-micro-batch time, and reports the most loaded stage's memory and
+the slowest stage's time. The formulas and their sources live in the modules this one combines:
+:mod:`toolkit.memory` (ZeRO states as DeepSpeed allocates them), :mod:`toolkit.activations` (Korthikanti
+et al. 2022), :mod:`toolkit.compute` (roofline GEMMs), :mod:`toolkit.timing` (communication and schedule),
+:mod:`toolkit.flops` (PaLM's MFU convention).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from toolkit import activations as act
+from toolkit.compute import stage_compute
+from toolkit.flops import hardware_flops_per_token, model_flops_per_token
+from toolkit.layout import Layout
+from toolkit.memory import GIB, Memory, rank_params, stage_memory
+from toolkit.params import count_params
+from toolkit.specs import ClusterSpec, ModelSpec
+from toolkit.timing import StageLoad, StepTime, step_time
+from toolkit.zero_knobs import ZeroKnobs, derive_zero_knobs
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Everything `dstk estimate` reports for one (model, cluster, layout)."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    layout: Layout
+    knobs: ZeroKnobs
+    memory: Memory
+    time: StepTime
+
+    @property
+    def capacity_bytes(self) -> float:
+        return self.cluster.gpu_memory_gib * GIB
+
+    @property
+    def fits_gpu(self) -> bool:
+        return self.memory.total <= self.capacity_bytes
+
+    @property
+    def fits_cpu(self) -> bool:
+        # the host also holds its own processes' baseline; offloaded states must fit beside it
+        return self.memory.cpu_per_node <= self.cluster.cpu_memory_gib * GIB * 0.9
+
+    @property
+    def fits_nvme(self) -> bool:
+        return self.memory.nvme_per_node <= self.cluster.nvme_gib * GIB
+
+    @property
+    def fits(self) -> bool:
+        return self.fits_gpu and self.fits_cpu and self.fits_nvme
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.layout.global_batch_size * self.model.seq_length
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_per_step / self.time.total_s
+
+    @property
+    def tflops_per_gpu(self) -> float:
+        """Model TFLOP/s per accelerator (PaLM convention, no recomputation)."""
+        return model_flops_per_token(self.model) * self.tokens_per_s / self.layout.world_size / 1e12
+
+    @property
+    def hardware_tflops_per_gpu(self) -> float:
+        """TFLOP/s per accelerator including recomputation (Megatron's reporting convention)."""
+        flops = hardware_flops_per_token(self.model, self.layout.recompute)
+        return flops * self.tokens_per_s / self.layout.world_size / 1e12
+
+    @property
+    def mfu(self) -> float:
+        return self.tflops_per_gpu * 1e12 / self.cluster.peak_flops(self.layout.precision)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON of `dstk estimate --json` (DESIGN.md contract plus breakdowns)."""
+        m, t = self.memory, self.time
+        return {
+            "model": self.model.name,
+            "cluster": self.cluster.name,
+            "n_params": self.model.n_params(),
+            "n_active_params": self.model.n_active_params(),
+            "layout": self.layout.model_dump(),
+            "memory_per_gpu_bytes": {
+                "params": m.params,
+                "gradients": m.gradients,
+                "optimizer_states": m.optimizer_states,
+                "activations": m.activations,
+                "buffers": m.buffers,
+                "framework_overhead": m.framework_overhead,
+                "step_transient": m.engine.step_transient,
+                "total": m.total,
+            },
+            "engine_model_states_bytes": {
+                "low_precision_params": m.engine.low_precision_params,
+                "master_params": m.engine.master_params,
+                "optimizer_moments": m.engine.optimizer_moments,
+                "gradients": m.engine.gradients,
+                "total": m.engine.device_bytes,
+            },
+            "gpu_memory_bytes": self.capacity_bytes,
+            "cpu_memory_per_node_bytes": m.cpu_per_node,
+            "nvme_per_node_bytes": m.nvme_per_node,
+            "fits": self.fits,
+            "fits_gpu": self.fits_gpu,
+            "fits_cpu": self.fits_cpu,
+            "fits_nvme": self.fits_nvme,
+            "step_time_s": t.total_s,
+            "step_time_breakdown_s": {
+                "compute": t.compute_s,
+                "pipeline_bubble": t.pipeline_bubble_s,
+                "model_parallel_comm": t.model_parallel_comm_s,
+                "data_parallel_comm": t.data_parallel_comm_s,
+                "optimizer": t.optimizer_s,
+                "offload": t.offload_s,
+            },
+            "tokens_per_s": self.tokens_per_s,
+            "tflops_per_gpu": self.tflops_per_gpu,
+            "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu,
+            "mfu": self.mfu,
+            "model_flops_per_token": model_flops_per_token(self.model),
+            "zero_knobs": self.knobs.__dict__,
+        }
+
+
+def stage_blocks(model: ModelSpec, pp: int) -> list[tuple[int, int]]:
+    """(blocks, MoE blocks) per pipeline stage: blocks split evenly (earlier stages take the remainder),
+    block j is MoE when (j + 1) is a multiple of `moe_layer_interval`."""
+    per, extra = divmod(model.n_layers, pp)
+    out, start = [], 0
+    for i in range(pp):
+        n = per + (1 if i < extra else 0)
+        moe = sum(
+            1 for j in range(start, start + n) if model.is_moe and (j + 1) % model.moe_layer_interval == 0
+        )
+        out.append((n, moe))
+        start += n
+    return out
+
+
+def _stage_activations(model: ModelSpec, layout: Layout, index: int, blocks: int, moe_blocks: int) -> float:
+    """Activations a rank of stage `index` keeps at its peak: in-flight micro-batches × its blocks, plus the
+    rebuilt block of full recomputation, plus the logits on the last stage."""
+    e = 4 if layout.precision == "fp32" else 2
+    b, t, sp = layout.micro_batch_size, layout.tp, layout.sp
+    seq_parallel = False
+    kwargs = dict(micro_batch=b, act_bytes=e, tp=t, sequence_parallel=seq_parallel)
+    per_micro = (blocks - moe_blocks) * act.block_bytes(model, recompute=layout.recompute, **kwargs)
+    per_micro += moe_blocks * act.block_bytes(model, recompute=layout.recompute, moe=True, **kwargs)
+    in_flight = min(layout.pp - index, layout.gradient_accumulation_steps) if layout.pp > 1 else 1
+    total = in_flight * per_micro
+    if layout.recompute == "full" and blocks:
+        total += act.block_bytes(model, recompute="none", moe=moe_blocks > 0, **kwargs)
+    if index == layout.pp - 1:
+        total += act.logits_bytes(model, b, e, t)
+    return total / sp
+
+
+def estimate(model: ModelSpec, cluster: ClusterSpec, layout: Layout) -> Estimate:
+    """Memory and time of `layout`; memory of the most loaded stage, time of the slowest."""
+    pc = count_params(model)
+    knobs = derive_zero_knobs(model, layout)
+    e = 4 if layout.precision == "fp32" else 2
+    peak = cluster.peak_flops(layout.precision)
+    largest_param = max(
+        pc.word_embedding / layout.tp, pc.mlp_weights / layout.tp / (3 if model.gated_mlp else 2)
+    )
+    worst_mem: Memory | None = None
+    slowest: StageLoad | None = None
+    for i, (blocks, moe_blocks) in enumerate(stage_blocks(model, layout.pp)):
+        first, last = i == 0, i == layout.pp - 1
+        rank = rank_params(
+            pc, layout, blocks, moe_blocks, first, last, knobs.stage3_param_persistence_threshold
+        )
+        mem = stage_memory(
+            layout,
+            cluster,
+            knobs,
+            rank,
+            _stage_activations(model, layout, i, blocks, moe_blocks),
+            largest_param,
+        )
+        if worst_mem is None or mem.total > worst_mem.total:
+            worst_mem = mem
+        compute = stage_compute(
+            model,
+            pc,
+            cluster,
+            micro_batch=layout.micro_batch_size,
+            e=e,
+            tp=layout.tp,
+            sp=layout.sp,
+            dense_layers=blocks - moe_blocks,
+            moe_layers=moe_blocks,
+            last=last,
+            recompute=layout.recompute,
+            sequence_parallel=False,
+            peak=peak,
+        )
+        load = StageLoad(
+            compute=compute,
+            dense_params=rank.dense,
+            expert_params=rank.expert,
+            n_blocks=blocks,
+            n_moe_blocks=moe_blocks,
+        )
+        if slowest is None or compute.total_s > slowest.compute.total_s:
+            slowest = load
+    assert worst_mem is not None and slowest is not None  # pp >= 1 guarantees one stage
+    time = step_time(model, cluster, layout, slowest, knobs.reduce_bucket_size)
+    return Estimate(model=model, cluster=cluster, layout=layout, knobs=knobs, memory=worst_mem, time=time)

@@ -1,0 +1,148 @@
+"""Layouts: how a model is spread over a cluster, and the one function that owns their arithmetic.
+
+A :class:`LayoutRequest` is what the user (or the planner) asks for, with blanks; :func:`resolve_layout`
+fills the blanks, checks every rule in :mod:`toolkit.rules` and returns a fully explicit :class:`Layout`.
+`world = tp · pp · sp · dp` and `global_batch = micro_batch · grad_accum · dp` live here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from toolkit.errors import UserError
+from toolkit.specs import ClusterSpec, ModelSpec, Precision
+
+Recompute = Literal["none", "selective", "full"]
+OffloadDevice = Literal["none", "cpu", "nvme"]
+Optimizer = Literal["adamw", "onebit-adam", "zero-one-adam"]
+
+_STRICT = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+
+class LayoutRequest(BaseModel):
+    """A layout with blanks (None): the CLI flags of `estimate`/`config`, or one point of the planner's search."""
+
+    model_config = _STRICT
+
+    zero_stage: Literal[0, 1, 2, 3] = 0
+    """ZeRO stage: 0 plain data parallel, 1 optimizer states, 2 + gradients, 3 + parameters partitioned."""
+    tp: int = Field(default=1, gt=0)
+    """Tensor-parallel degree (Megatron-style / DeepSpeed AutoTP)."""
+    pp: int = Field(default=1, gt=0)
+    """Pipeline-parallel stages."""
+    ep: int = Field(default=1, gt=0)
+    """Expert-parallel degree (MoE only); carved out of the data-parallel ranks."""
+    sp: int = Field(default=1, gt=0)
+    """Sequence-parallel degree (DeepSpeed-Ulysses); carved out of the data-parallel ranks."""
+    micro_batch_size: int = Field(default=1, gt=0)
+    """Sequences per micro-batch per data-parallel rank."""
+    global_batch_size: int | None = Field(default=None, gt=0)
+    """Sequences per optimizer step over all ranks (default: micro_batch_size · grad_accum · dp)."""
+    gradient_accumulation_steps: int | None = Field(default=None, gt=0)
+    """Micro-batches per optimizer step (default: derived from the global batch, else 1)."""
+    recompute: Recompute = "none"
+    """Activation recomputation: none, selective (attention core, Korthikanti et al.), or full."""
+    offload_optimizer: OffloadDevice = "none"
+    """Where ZeRO keeps optimizer states (ZeRO-Offload / ZeRO-Infinity)."""
+    offload_param: OffloadDevice = "none"
+    """Where ZeRO-3 keeps parameters between uses (ZeRO-Infinity)."""
+    precision: Precision | None = None
+    """Training precision (default: bf16 where supported, else fp16, else fp32)."""
+    optimizer: Optimizer = "adamw"
+    """AdamW, or dstk's 1-bit Adam / 0/1 Adam (compressed communication, ZeRO stage 0 only)."""
+
+
+class Layout(LayoutRequest):
+    """A resolved layout: every field explicit and consistent with the model and the cluster."""
+
+    precision: Precision
+    dp: int = Field(gt=0)
+    """Data-parallel degree: world / (tp · pp · sp)."""
+    global_batch_size: int = Field(gt=0)
+    gradient_accumulation_steps: int = Field(gt=0)
+    world_size: int = Field(gt=0)
+    """Ranks in the job: nodes · gpus_per_node."""
+
+    @property
+    def model_parallel(self) -> int:
+        return self.tp * self.pp * self.sp
+
+    @property
+    def expert_dp(self) -> int:
+        """Ranks that hold replicas of the same experts (the expert-data-parallel group)."""
+        return self.dp // self.ep
+
+    def flags(self) -> list[str]:
+        """The CLI flags that reproduce this layout (for `dstk estimate` and the explanation)."""
+        return [
+            f"--zero-stage={self.zero_stage}",
+            f"--tp={self.tp}",
+            f"--pp={self.pp}",
+            f"--ep={self.ep}",
+            f"--sp={self.sp}",
+            f"--micro-batch={self.micro_batch_size}",
+            f"--global-batch={self.global_batch_size}",
+            f"--recompute={self.recompute}",
+            f"--offload-optimizer={self.offload_optimizer}",
+            f"--offload-param={self.offload_param}",
+            f"--precision={self.precision}",
+            f"--optimizer={self.optimizer}",
+        ]
+
+
+def default_precision(cluster: ClusterSpec) -> Precision:
+    """bf16 where the accelerator has it, fp16 on V100-class GPUs, fp32 otherwise (never fp16 on CPU)."""
+    if cluster.supports_bf16:
+        return "bf16"
+    return "fp16" if cluster.supports_fp16 else "fp32"
+
+
+def batch_arithmetic(micro: int, dp: int, global_batch: int | None, accum: int | None) -> tuple[int, int]:
+    """(global_batch, grad_accum) with global = micro · accum · dp, or a UserError showing the arithmetic."""
+    per_step = micro * dp
+    if global_batch is None:
+        accum = accum or 1
+        return per_step * accum, accum
+    if accum is not None and global_batch != per_step * accum:
+        raise UserError(
+            f"--global-batch: micro_batch_size({micro}) × gradient_accumulation_steps({accum}) × dp({dp}) "
+            f"= {per_step * accum} != global_batch_size({global_batch})"
+        )
+    if global_batch % per_step:
+        lower = max(per_step, global_batch // per_step * per_step)
+        raise UserError(
+            f"--global-batch: global_batch_size({global_batch}) is not divisible by micro_batch_size({micro}) "
+            f"× dp({dp}) = {per_step}; valid nearby: {lower}, {lower + per_step}"
+        )
+    return global_batch, global_batch // per_step
+
+
+def resolve_layout(model: ModelSpec, cluster: ClusterSpec, request: LayoutRequest) -> Layout:
+    """Fill a request's blanks and check it against every rule; all violations are reported in one line."""
+    from toolkit.rules import violations
+
+    world = cluster.world_size
+    mp = request.tp * request.pp * request.sp
+    if world % mp:
+        raise UserError(
+            f"--tp/--pp/--sp: world_size({world}) = nodes({cluster.nodes}) × gpus_per_node({cluster.gpus_per_node}) "
+            f"is not divisible by tp({request.tp}) × pp({request.pp}) × sp({request.sp}) = {mp}"
+        )
+    dp = world // mp
+    problems = violations(model, cluster, request, dp)
+    if problems:
+        raise UserError("; ".join(problems))
+    global_batch, accum = batch_arithmetic(
+        request.micro_batch_size, dp, request.global_batch_size, request.gradient_accumulation_steps
+    )
+    fields = request.model_dump()
+    fields.update(
+        precision=request.precision or default_precision(cluster),
+        dp=dp,
+        world_size=world,
+        global_batch_size=global_batch,
+        gradient_accumulation_steps=accum,
+    )
+    return Layout(**fields)

@@ -1,0 +1,244 @@
+"""Memory per rank: model states as the DeepSpeed engine really holds them, activations, buffers, overhead.
+
+Two views of model states are reported:
+- the ZeRO paper's convention (Rajbhandari et al. 2020, §5, Fig. 1): 2Ψ params + 2Ψ gradients + KΨ optimizer
+  states with K = 12 for mixed precision (K = 8 and 4-byte params/gradients for fp32), each divided by N_d
+  from the stage that partitions it;
+- the engine's inventory, read from DeepSpeed 0.19.8's optimizer classes (and checked tensor by tensor on 2
+  ranks): stage 0 in 16-bit is `FP16_UnfusedOptimizer` with a full fp32 master copy (14Ψ + 2Ψ gradients);
+  stages 1/2 keep the whole 16-bit (or fp32) flat model, padded to a multiple of 2·N_d, plus a cloned fp32
+  partition, m and v (b·F + 12·F/N_d) and a gradient partition; stage 3 keeps b·S + 4·S (a separate fp32
+  master even in fp32) + 8·S (m, v) + b·S (gradient partitions), S = Ψ/N_d, plus its reduce bucket and the
+  small parameters it never re-partitions (`stage3_param_persistence_threshold`).
+`total` uses the engine's inventory: it is what the accelerator must hold.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from toolkit.layout import Layout
+from toolkit.params import ParamCount
+from toolkit.specs import ClusterSpec
+from toolkit.zero_knobs import ZeroKnobs
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class RankParams:
+    """Parameters one rank of one pipeline stage owns before ZeRO partitioning."""
+
+    dense: float
+    """Non-expert parameters (sharded by ZeRO over the data-parallel group)."""
+    dense_convention: float
+    """`dense` with the TP-replicated pieces (norms, row biases, routers, positions) also divided by TP: the
+    Ψ/(t·p) of the ZeRO-paper convention, so that convention's figures never grow with TP."""
+    expert: float
+    """Expert parameters (sharded by ZeRO over the expert-data-parallel group)."""
+    persistent: float
+    """Small tensors ZeRO-3 keeps gathered (norms, biases, small routers)."""
+    largest_module: float
+    """Largest single module ZeRO-3 must gather at once (a block or the embedding)."""
+
+
+@dataclass(frozen=True)
+class EngineStates:
+    """Bytes of model states on one rank (accelerator) and on its host, as the engine allocates them."""
+
+    low_precision_params: float
+    master_params: float
+    optimizer_moments: float
+    gradients: float
+    host_bytes: float
+    """Offloaded states in host memory, for this rank."""
+    nvme_bytes: float
+    step_transient: float
+    """fp32 gradient copies that exist only inside `optimizer.step()`."""
+
+    @property
+    def device_bytes(self) -> float:
+        return self.low_precision_params + self.master_params + self.optimizer_moments + self.gradients
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Peak bytes per rank of the most loaded pipeline stage, and host/NVMe bytes per node."""
+
+    params: float
+    gradients: float
+    optimizer_states: float
+    activations: float
+    buffers: float
+    engine: EngineStates
+    framework_overhead: float
+    cpu_per_node: float
+    nvme_per_node: float
+
+    @property
+    def total(self) -> float:
+        busy = self.activations + self.buffers
+        return self.engine.device_bytes + max(busy, self.engine.step_transient) + self.framework_overhead
+
+
+def zero_paper_states(psi: float, n: float, stage: int, precision: str) -> tuple[float, float, float]:
+    """(params, gradients, optimizer states) bytes per rank, ZeRO paper convention (K = 12 mixed, 8 fp32)."""
+    b, k = (4, 8) if precision == "fp32" else (2, 12)
+    return (
+        b * psi / (n if stage >= 3 else 1),
+        b * psi / (n if stage >= 2 else 1),
+        k * psi / (n if stage >= 1 else 1),
+    )
+
+
+def engine_states(
+    psi: float, n: int, layout: Layout, knobs: ZeroKnobs, persistent: float, largest_param: float
+) -> EngineStates:
+    """What DeepSpeed 0.19.8 allocates for `psi` parameters sharded over `n` ranks (one parameter group)."""
+    b = 4 if layout.precision == "fp32" else 2
+    stage, gas = layout.zero_stage, layout.gradient_accumulation_steps
+    off_opt, off_param = layout.offload_optimizer != "none", layout.offload_param != "none"
+    if psi <= 0:
+        return EngineStates(0, 0, 0, 0, 0, 0, 0)
+    if stage == 0 and b == 2 and layout.pp > 1:
+        # pipeline + 16-bit at stage 0 selects BF16_Optimizer (engine._do_optimizer_sanity_check): a padded
+        # flat 16-bit model, a full fp32 gradient accumulator, and fp32 master/m/v partitioned over DP
+        flat = math.ceil(psi / (2 * n)) * 2 * n
+        part = flat / n
+        return EngineStates(b * flat, 4 * part, 8 * part, 4 * flat + b * psi, 0, 0, 0)
+    if stage == 0:
+        master = 0.0 if b == 4 else 4 * psi  # FP16_UnfusedOptimizer keeps a full fp32 copy
+        return EngineStates(b * psi, master, 8 * psi, b * psi, 0, 0, 0.0 if b == 4 else 4 * psi)
+    if stage in (1, 2):
+        flat = math.ceil(psi / (2 * n)) * 2 * n
+        part = flat / n
+        if off_opt:
+            host = (16 + b) * part + b * largest_param + (b * part if gas > 1 else 0)
+            return EngineStates(b * flat, 0, 0, b * largest_param, host, 0, 0)
+        grads = b * psi if (stage == 1 and gas > 1) else b * part * (2 if stage == 2 and gas > 1 else 1)
+        transient = 4 * part + (b * part if b == 2 else 0)
+        return EngineStates(b * flat, 4 * part, 8 * part, grads, 0, 0, transient)
+    shard = psi / n
+    lp = 0.0 if off_param else b * shard
+    if not off_opt:
+        # inside step, per sub-group: the flattened gradients, and their fp32 copy when they are 16-bit
+        transient = (b + (4 if b == 2 else 0)) * min(shard, knobs.sub_group_size)
+        return EngineStates(lp, 4 * shard, 8 * shard, b * shard, b * shard if off_param else 0, 0, transient)
+    host = b * shard + (b * shard if off_param else 0)  # pinned gradient buffer (+ offloaded 16-bit params)
+    nvme = 0.0
+    if layout.offload_optimizer == "nvme":
+        nvme = 16 * shard  # fp32 master, its gradient, m and v swapped to NVMe
+        host += 4 * 4 * min(shard, knobs.sub_group_size)  # swap buffers: 4 of one sub-group's fp32 tensor
+    else:
+        host += 16 * shard
+    if layout.offload_param == "nvme":
+        nvme += b * shard
+        host += -b * shard + 5 * b * min(shard, 1e8)  # 5 pinned buffers of 1e8 elements replace the copy
+    return EngineStates(lp, 0, 0, 0, host, nvme, 0)
+
+
+def _sum_states(a: EngineStates, b: EngineStates) -> EngineStates:
+    return EngineStates(*(x + y for x, y in zip(a.__dict__.values(), b.__dict__.values(), strict=True)))
+
+
+def zero_buffers(layout: Layout, knobs: ZeroKnobs, rank: RankParams, b: int) -> float:
+    """Reduce buckets and ZeRO-3's gathered-parameter working set, bytes.
+
+    ZeRO-1/2 allocate `reduce_bucket_size` elements (twice with overlap_comm) during backward; ZeRO-3 one bucket
+    for the run, the persistent small parameters, the module being computed plus what the prefetcher may hold
+    (bounded by `stage3_max_live_parameters`), and that module's full gradient before it is reduce-scattered.
+    """
+    if layout.zero_stage == 0:
+        return 0.0
+    bucket = knobs.reduce_bucket_size * b
+    if layout.zero_stage in (1, 2):
+        return bucket * (2 if knobs.overlap_comm else 1)
+    prefetch = min(knobs.stage3_prefetch_bucket_size, knobs.stage3_max_live_parameters)
+    gathered = rank.largest_module + prefetch
+    return bucket + b * rank.persistent + b * gathered + b * rank.largest_module
+
+
+def rank_params(
+    pc: ParamCount,
+    layout: Layout,
+    blocks: int,
+    moe_blocks: int,
+    first: bool,
+    last: bool,
+    persistence_threshold: int,
+) -> RankParams:
+    """Split a stage's parameters over TP (matrices and their column biases), EP (experts), replicas (norms,
+    row biases, routers, positions); the tied embedding lives on both the first and the last stage."""
+    t, ep = layout.tp, layout.ep
+    common = (
+        (pc.attention_weights + pc.attention_sharded_bias) / t + pc.attention_replicated_bias + pc.block_norms
+    )
+    dense_mlp = (pc.mlp_weights + pc.mlp_sharded_bias) / t + pc.mlp_replicated_bias
+    dense_blocks = blocks - moe_blocks
+    dense = blocks * common + dense_blocks * dense_mlp + moe_blocks * pc.router
+    expert = moe_blocks * pc.num_experts / ep * pc.expert
+    word = pc.word_embedding / t
+    edge = 0.0
+    if first:
+        dense += word + pc.position_embedding + pc.embedding_norm
+        edge += word + (pc.position_embedding + pc.embedding_norm) / t
+    if last:
+        head = pc.lm_head / t if pc.lm_head else (word if layout.pp > 1 else 0)
+        dense += pc.final_norm + head
+        edge += pc.final_norm / t + head
+    convention = (
+        blocks * (pc.block_common / t) + dense_blocks * pc.dense_mlp / t + moe_blocks * pc.router / t + edge
+    )
+    small = pc.block_norms + pc.attention_replicated_bias + pc.mlp_replicated_bias
+    small += (pc.attention_sharded_bias + pc.mlp_sharded_bias) / t
+    persistent = blocks * small + (moe_blocks * pc.router if pc.router <= persistence_threshold else 0)
+    if last:
+        persistent += pc.final_norm
+    largest = common + max(
+        dense_mlp if dense_blocks else 0, pc.router + pc.num_experts / ep * pc.expert if moe_blocks else 0
+    )
+    if first or (last and (pc.lm_head or layout.pp > 1)):
+        largest = max(largest, word)
+    return RankParams(
+        dense=dense, dense_convention=convention, expert=expert, persistent=persistent, largest_module=largest
+    )
+
+
+def stage_memory(
+    layout: Layout,
+    cluster: ClusterSpec,
+    knobs: ZeroKnobs,
+    rank: RankParams,
+    activations: float,
+    largest_param: float,
+) -> Memory:
+    """Peak memory of one rank of a stage that owns `rank` parameters and keeps `activations` bytes."""
+    stage = layout.zero_stage
+    dense = engine_states(rank.dense, layout.dp, layout, knobs, rank.persistent, largest_param)
+    expert = engine_states(rank.expert, layout.expert_dp, layout, knobs, 0, largest_param)
+    engine = _sum_states(dense, expert)
+    paper = [
+        x + y
+        for x, y in zip(
+            zero_paper_states(rank.dense_convention, layout.dp, stage, layout.precision),
+            zero_paper_states(rank.expert, layout.expert_dp, stage, layout.precision),
+            strict=True,
+        )
+    ]
+    if layout.offload_optimizer != "none":
+        paper[2] = 0.0
+    if layout.offload_param != "none":
+        paper[0] = 0.0
+    b = 4 if layout.precision == "fp32" else 2
+    return Memory(
+        params=paper[0],
+        gradients=paper[1],
+        optimizer_states=paper[2],
+        activations=activations,
+        buffers=zero_buffers(layout, knobs, rank, b),
+        engine=engine,
+        framework_overhead=cluster.framework_overhead_gib * GIB,
+        cpu_per_node=engine.host_bytes * cluster.gpus_per_node,
+        nvme_per_node=engine.nvme_bytes * cluster.gpus_per_node,
+    )
