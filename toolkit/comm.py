@@ -10,8 +10,13 @@ every node: `min(intra, k · inter)`. This is why a data-parallel group with one
 one NIC's bandwidth while the same group with TP = 1 gets all eight (nccl-tests on DGX A100 show ~190 GB/s
 all-reduce bus bandwidth across nodes with 8 × 200 Gb/s HDR, i.e. 8 NICs).
 
-Latency: one collective call costs `collective_latency_us · ceil(log2 n)` — tree/ring start-up (NCCL picks
-trees for small messages). Bucketed communication pays it once per bucket.
+Latency follows NCCL's own cost model (src/graph/tuning.cc): a base cost per call (`collective_latency_us`)
+plus a per-hop cost; training moves bucket-sized messages, for which NCCL picks its Simple protocol, whose
+per-hop latencies are 3.4 µs over NVLink and 14 µs over the network (ring).
+Rings (all-gather, reduce-scatter, all-to-all) pay one hop per member, so a 3,072-rank all-gather costs
+milliseconds however small; all-reduce uses NCCL's double binary tree for latency, 2·log2 hops. Bucketed
+communication pays the latency once per bucket, which is why ZeRO-3 does not scale to thousands of ranks
+without hierarchy (ZeRO++ hpZ).
 """
 
 from __future__ import annotations
@@ -53,31 +58,57 @@ def bandwidth_bytes_per_s(g: Group, cluster: ClusterSpec) -> float:
     return min(intra, g.per_node * cluster.inter_node_gb_per_s * 1e9)
 
 
-def latency_s(g: Group, cluster: ClusterSpec, calls: int = 1) -> float:
+INTRA_HOP_US = 3.4
+"""Per-hop latency over NVLink/NVSwitch (NCCL tuning.cc hwLat, ring, Simple protocol)."""
+INTER_HOP_US = 14.0
+"""Per-hop latency over the network (NCCL tuning.cc hwLat, ring, Simple protocol)."""
+
+
+def _nodes(g: Group) -> int:
+    return math.ceil(g.size / g.per_node)
+
+
+def ring_latency_s(g: Group, cluster: ClusterSpec, calls: float = 1) -> float:
+    """One hop per member: network hops between nodes, NVLink hops inside them."""
     if g.size <= 1:
         return 0.0
-    return calls * cluster.collective_latency_us * 1e-6 * math.ceil(math.log2(g.size))
+    nodes = _nodes(g)
+    inter = nodes if nodes > 1 else 0
+    hops_us = inter * INTER_HOP_US + (g.size - inter) * INTRA_HOP_US
+    return calls * (cluster.collective_latency_us + hops_us) * 1e-6
 
 
-def all_reduce_s(nbytes: float, g: Group, cluster: ClusterSpec, calls: int = 1) -> float:
-    if g.size <= 1 or nbytes <= 0:
+def tree_latency_s(g: Group, cluster: ClusterSpec, calls: float = 1) -> float:
+    """Up and down a binary tree: 2·log2 hops over nodes (network) and within a node (NVLink)."""
+    if g.size <= 1:
         return 0.0
-    return 2 * (g.size - 1) / g.size * nbytes / bandwidth_bytes_per_s(g, cluster) + latency_s(
-        g, cluster, calls
+    nodes = _nodes(g)
+    hops_us = 2 * (
+        math.ceil(math.log2(nodes)) * INTER_HOP_US + math.ceil(math.log2(g.per_node)) * INTRA_HOP_US
     )
+    return calls * (cluster.collective_latency_us + hops_us) * 1e-6
 
 
-def all_gather_s(nbytes: float, g: Group, cluster: ClusterSpec, calls: int = 1) -> float:
-    """All-gather (or reduce-scatter) whose gathered result is `nbytes`."""
+def all_reduce_s(nbytes: float, g: Group, cluster: ClusterSpec, calls: float = 1) -> float:
+    """All-reduce of `nbytes` in `calls` buckets: ring bandwidth, tree latency."""
     if g.size <= 1 or nbytes <= 0:
         return 0.0
-    return (g.size - 1) / g.size * nbytes / bandwidth_bytes_per_s(g, cluster) + latency_s(g, cluster, calls)
+    bandwidth = 2 * (g.size - 1) / g.size * nbytes / bandwidth_bytes_per_s(g, cluster)
+    return bandwidth + tree_latency_s(g, cluster, calls)
+
+
+def all_gather_s(nbytes: float, g: Group, cluster: ClusterSpec, calls: float = 1) -> float:
+    """All-gather (or reduce-scatter) whose gathered result is `nbytes`, in `calls` buckets (rings)."""
+    if g.size <= 1 or nbytes <= 0:
+        return 0.0
+    bandwidth = (g.size - 1) / g.size * nbytes / bandwidth_bytes_per_s(g, cluster)
+    return bandwidth + ring_latency_s(g, cluster, calls)
 
 
 reduce_scatter_s = all_gather_s
 
 
-def all_to_all_s(nbytes: float, g: Group, cluster: ClusterSpec, calls: int = 1) -> float:
+def all_to_all_s(nbytes: float, g: Group, cluster: ClusterSpec, calls: float = 1) -> float:
     """All-to-all where each rank sends `nbytes` in total (an equal share to every member).
 
     The share for members on the same node crosses NVLink, the rest crosses the rank's own NIC; both go at
@@ -91,7 +122,7 @@ def all_to_all_s(nbytes: float, g: Group, cluster: ClusterSpec, calls: int = 1) 
         intra_part / (cluster.intra_node_gb_per_s * 1e9),
         inter_part / (cluster.inter_node_gb_per_s * 1e9) if inter_part else 0.0,
     )
-    return t + latency_s(g, cluster, calls)
+    return t + ring_latency_s(g, cluster, calls)
 
 
 def p2p_s(nbytes: float, crosses_nodes: bool, cluster: ClusterSpec) -> float:

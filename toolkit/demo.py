@@ -21,20 +21,33 @@ def _table(model_name: str, cluster_name: str, nodes: int, **layout: object) -> 
     for col in ("ZeRO", "model states", "activations", "total/GPU", "fits", "step s", "tokens/s", "MFU"):
         table.add_column(col, justify="right")
     for stage in range(4):
-        e = estimate(model, cluster, resolve_layout(model, cluster, LayoutRequest(zero_stage=stage, **layout)))
+        e = estimate(
+            model, cluster, resolve_layout(model, cluster, LayoutRequest(zero_stage=stage, **layout))
+        )
         table.add_row(
-            str(stage), human_bytes(e.memory.engine.device_bytes), human_bytes(e.memory.activations),
-            human_bytes(e.memory.total), "yes" if e.fits else "no", f"{e.time.total_s:.3g}",
-            f"{e.tokens_per_s:,.0f}", f"{e.mfu:.1%}",
+            str(stage),
+            human_bytes(e.memory.engine.device_bytes),
+            human_bytes(e.memory.activations),
+            human_bytes(e.memory.total),
+            "yes" if e.fits else "no",
+            f"{e.time.total_s:.3g}",
+            f"{e.tokens_per_s:,.0f}",
+            f"{e.mfu:.1%}",
         )
     return table
 
 
 def main() -> None:
     console = Console()
-    console.print(_table("llama-7b", "dgx-a100-80g", 2, micro_batch_size=2, global_batch_size=256, recompute="selective"))
+    console.print(
+        _table(
+            "llama-7b", "dgx-a100-80g", 2, micro_batch_size=2, global_batch_size=256, recompute="selective"
+        )
+    )
     console.print(_table("tiny-gpt2", "cpu", 1, micro_batch_size=8))
-    console.print("Try: dstk estimate --model gpt-1t --cluster dgx-a100-80g --nodes 384 --tp 8 --pp 64 --zero-stage 1")
+    console.print(
+        "Try: dstk estimate --model gpt-1t --cluster dgx-a100-80g --nodes 384 --tp 8 --pp 64 --zero-stage 1"
+    )
 
 
 if __name__ == "__main__":

@@ -23,6 +23,18 @@ from toolkit.specs import ClusterSpec, ModelSpec
 from toolkit.timing import StageLoad, StepTime, step_time
 from toolkit.zero_knobs import ZeroKnobs, derive_zero_knobs
 
+HOST_USABLE = 0.9
+"""Share of a node's host memory offloaded states may take: the OS, the ranks' own processes and page cache
+need the rest."""
+
+
+def host_fits(memory: Memory, cluster: ClusterSpec) -> bool:
+    return memory.cpu_per_node <= HOST_USABLE * cluster.cpu_memory_gib * GIB
+
+
+def nvme_fits(memory: Memory, cluster: ClusterSpec) -> bool:
+    return memory.nvme_per_node <= cluster.nvme_gib * GIB
+
 
 @dataclass(frozen=True)
 class Estimate:
@@ -45,12 +57,11 @@ class Estimate:
 
     @property
     def fits_cpu(self) -> bool:
-        # the host also holds its own processes' baseline; offloaded states must fit beside it
-        return self.memory.cpu_per_node <= self.cluster.cpu_memory_gib * GIB * 0.9
+        return host_fits(self.memory, self.cluster)
 
     @property
     def fits_nvme(self) -> bool:
-        return self.memory.nvme_per_node <= self.cluster.nvme_gib * GIB
+        return nvme_fits(self.memory, self.cluster)
 
     @property
     def fits(self) -> bool:
@@ -145,22 +156,90 @@ def stage_blocks(model: ModelSpec, pp: int) -> list[tuple[int, int]]:
     return out
 
 
-def _stage_activations(model: ModelSpec, layout: Layout, index: int, blocks: int, moe_blocks: int) -> float:
+def _per_micro_activations(model: ModelSpec, layout: Layout, blocks: int, moe_blocks: int) -> float:
+    """Activations one micro-batch leaves on a rank of a stage with `blocks` blocks (`moe_blocks` of them MoE)."""
+    e = 4 if layout.precision == "fp32" else 2
+    kwargs = dict(
+        micro_batch=layout.micro_batch_size,
+        act_bytes=e,
+        tp=layout.tp,
+        sequence_parallel=layout.tp_sequence_parallel,
+    )
+    per_micro = (blocks - moe_blocks) * act.block_bytes(model, recompute=layout.recompute, **kwargs)
+    per_micro += moe_blocks * act.block_bytes(model, recompute=layout.recompute, moe=True, **kwargs)
+    return per_micro
+
+
+def _stage_activations(
+    model: ModelSpec, layout: Layout, index: int, blocks: int, moe_blocks: int, per_micro: float
+) -> float:
     """Activations a rank of stage `index` keeps at its peak: in-flight micro-batches × its blocks, plus the
     rebuilt block of full recomputation, plus the logits on the last stage."""
     e = 4 if layout.precision == "fp32" else 2
-    b, t, sp = layout.micro_batch_size, layout.tp, layout.sp
-    seq_parallel = False
-    kwargs = dict(micro_batch=b, act_bytes=e, tp=t, sequence_parallel=seq_parallel)
-    per_micro = (blocks - moe_blocks) * act.block_bytes(model, recompute=layout.recompute, **kwargs)
-    per_micro += moe_blocks * act.block_bytes(model, recompute=layout.recompute, moe=True, **kwargs)
     in_flight = min(layout.pp - index, layout.gradient_accumulation_steps) if layout.pp > 1 else 1
     total = in_flight * per_micro
     if layout.recompute == "full" and blocks:
-        total += act.block_bytes(model, recompute="none", moe=moe_blocks > 0, **kwargs)
+        total += act.block_bytes(
+            model,
+            layout.micro_batch_size,
+            e,
+            layout.tp,
+            layout.tp_sequence_parallel,
+            "none",
+            moe=moe_blocks > 0,
+        )
     if index == layout.pp - 1:
-        total += act.logits_bytes(model, b, e, t)
-    return total / sp
+        total += act.logits_bytes(model, layout.micro_batch_size, e, layout.tp)
+    return total / layout.sp
+
+
+@dataclass(frozen=True)
+class _Stage:
+    index: int
+    blocks: int
+    moe_blocks: int
+
+    def signature(self, pp: int) -> tuple[int, int, bool, bool]:
+        return (self.blocks, self.moe_blocks, self.index == 0, self.index == pp - 1)
+
+
+def _stages(model: ModelSpec, pp: int) -> list[_Stage]:
+    return [_Stage(i, b, m) for i, (b, m) in enumerate(stage_blocks(model, pp))]
+
+
+def _candidate_stages(model: ModelSpec, layout: Layout) -> list[_Stage]:
+    """The stages that can be the most loaded: the first of each signature (earlier stages keep more
+    micro-batches in flight, so later stages of the same signature never need more memory)."""
+    seen: dict[tuple[int, int, bool, bool], _Stage] = {}
+    for st in _stages(model, layout.pp):
+        seen.setdefault(st.signature(layout.pp), st)
+    return list(seen.values())
+
+
+def estimate_memory(
+    model: ModelSpec, cluster: ClusterSpec, layout: Layout, knobs: ZeroKnobs | None = None
+) -> Memory:
+    """Peak memory per rank of the most loaded pipeline stage (the planner's cheap first filter)."""
+    pc = count_params(model)
+    knobs = knobs or derive_zero_knobs(model, layout)
+    largest_param = _largest_param(pc, layout, model)
+    worst: Memory | None = None
+    for st in _candidate_stages(model, layout):
+        first, last = st.index == 0, st.index == layout.pp - 1
+        rank = rank_params(
+            pc, layout, st.blocks, st.moe_blocks, first, last, knobs.stage3_param_persistence_threshold
+        )
+        per_micro = _per_micro_activations(model, layout, st.blocks, st.moe_blocks)
+        activations = _stage_activations(model, layout, st.index, st.blocks, st.moe_blocks, per_micro)
+        mem = stage_memory(layout, cluster, knobs, rank, activations, largest_param)
+        if worst is None or mem.total > worst.total:
+            worst = mem
+    assert worst is not None  # pp >= 1 guarantees a stage
+    return worst
+
+
+def _largest_param(pc, layout: Layout, model: ModelSpec) -> float:
+    return max(pc.word_embedding / layout.tp, pc.mlp_weights / layout.tp / (3 if model.gated_mlp else 2))
 
 
 def estimate(model: ModelSpec, cluster: ClusterSpec, layout: Layout) -> Estimate:
@@ -169,26 +248,13 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, layout: Layout) -> Estimate
     knobs = derive_zero_knobs(model, layout)
     e = 4 if layout.precision == "fp32" else 2
     peak = cluster.peak_flops(layout.precision)
-    largest_param = max(
-        pc.word_embedding / layout.tp, pc.mlp_weights / layout.tp / (3 if model.gated_mlp else 2)
-    )
-    worst_mem: Memory | None = None
+    memory = estimate_memory(model, cluster, layout, knobs)
     slowest: StageLoad | None = None
-    for i, (blocks, moe_blocks) in enumerate(stage_blocks(model, layout.pp)):
-        first, last = i == 0, i == layout.pp - 1
+    for st in _candidate_stages(model, layout):
+        first, last = st.index == 0, st.index == layout.pp - 1
         rank = rank_params(
-            pc, layout, blocks, moe_blocks, first, last, knobs.stage3_param_persistence_threshold
+            pc, layout, st.blocks, st.moe_blocks, first, last, knobs.stage3_param_persistence_threshold
         )
-        mem = stage_memory(
-            layout,
-            cluster,
-            knobs,
-            rank,
-            _stage_activations(model, layout, i, blocks, moe_blocks),
-            largest_param,
-        )
-        if worst_mem is None or mem.total > worst_mem.total:
-            worst_mem = mem
         compute = stage_compute(
             model,
             pc,
@@ -197,22 +263,22 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, layout: Layout) -> Estimate
             e=e,
             tp=layout.tp,
             sp=layout.sp,
-            dense_layers=blocks - moe_blocks,
-            moe_layers=moe_blocks,
+            dense_layers=st.blocks - st.moe_blocks,
+            moe_layers=st.moe_blocks,
             last=last,
             recompute=layout.recompute,
-            sequence_parallel=False,
+            sequence_parallel=layout.tp_sequence_parallel,
             peak=peak,
         )
         load = StageLoad(
             compute=compute,
             dense_params=rank.dense,
             expert_params=rank.expert,
-            n_blocks=blocks,
-            n_moe_blocks=moe_blocks,
+            n_blocks=st.blocks,
+            n_moe_blocks=st.moe_blocks,
         )
         if slowest is None or compute.total_s > slowest.compute.total_s:
             slowest = load
-    assert worst_mem is not None and slowest is not None  # pp >= 1 guarantees one stage
-    time = step_time(model, cluster, layout, slowest, knobs.reduce_bucket_size)
-    return Estimate(model=model, cluster=cluster, layout=layout, knobs=knobs, memory=worst_mem, time=time)
+    assert slowest is not None
+    time = step_time(model, cluster, layout, slowest, knobs)
+    return Estimate(model=model, cluster=cluster, layout=layout, knobs=knobs, memory=memory, time=time)

@@ -20,6 +20,25 @@ Optimizer = Literal["adamw", "onebit-adam", "zero-one-adam"]
 
 _STRICT = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
+# CLI flag of each LayoutRequest field (DESIGN.md names them); help text comes from the field docstrings.
+LAYOUT_FLAGS: dict[str, str] = {
+    "zero_stage": "--zero-stage",
+    "tp": "--tp",
+    "pp": "--pp",
+    "ep": "--ep",
+    "sp": "--sp",
+    "micro_batch_size": "--micro-batch",
+    "global_batch_size": "--global-batch",
+    "gradient_accumulation_steps": "--grad-accum",
+    "recompute": "--recompute",
+    "offload_optimizer": "--offload-optimizer",
+    "offload_param": "--offload-param",
+    "precision": "--precision",
+    "optimizer": "--optimizer",
+    "tp_sequence_parallel": "--tp-sequence-parallel",
+    "zeropp": "--zeropp",
+}
+
 
 class LayoutRequest(BaseModel):
     """A layout with blanks (None): the CLI flags of `estimate`/`config`, or one point of the planner's search."""
@@ -52,6 +71,12 @@ class LayoutRequest(BaseModel):
     """Training precision (default: bf16 where supported, else fp16, else fp32)."""
     optimizer: Optimizer = "adamw"
     """AdamW, or dstk's 1-bit Adam / 0/1 Adam (compressed communication, ZeRO stage 0 only)."""
+    tp_sequence_parallel: bool = False
+    """Megatron's sequence parallelism inside the TP group (Korthikanti et al. 2022): norms, dropout and
+    residuals are sharded over the sequence, so their activations divide by tp; same communication volume."""
+    zeropp: bool = False
+    """ZeRO++ (Wang et al. 2023) on ZeRO-3: int8 weight all-gather, int4 gradient reduce-scatter, and a
+    secondary weight partition inside each node so backward gathers stay on NVLink."""
 
 
 class Layout(LayoutRequest):
@@ -76,20 +101,14 @@ class Layout(LayoutRequest):
 
     def flags(self) -> list[str]:
         """The CLI flags that reproduce this layout (for `dstk estimate` and the explanation)."""
-        return [
-            f"--zero-stage={self.zero_stage}",
-            f"--tp={self.tp}",
-            f"--pp={self.pp}",
-            f"--ep={self.ep}",
-            f"--sp={self.sp}",
-            f"--micro-batch={self.micro_batch_size}",
-            f"--global-batch={self.global_batch_size}",
-            f"--recompute={self.recompute}",
-            f"--offload-optimizer={self.offload_optimizer}",
-            f"--offload-param={self.offload_param}",
-            f"--precision={self.precision}",
-            f"--optimizer={self.optimizer}",
-        ]
+        out = []
+        for name, flag in LAYOUT_FLAGS.items():
+            value = getattr(self, name)
+            if isinstance(value, bool):
+                out.append(flag if value else f"--no-{flag[2:]}")
+            else:
+                out.append(f"{flag}={value}")
+        return out
 
 
 def default_precision(cluster: ClusterSpec) -> Precision:
@@ -119,8 +138,11 @@ def batch_arithmetic(micro: int, dp: int, global_batch: int | None, accum: int |
     return global_batch, global_batch // per_step
 
 
-def resolve_layout(model: ModelSpec, cluster: ClusterSpec, request: LayoutRequest) -> Layout:
-    """Fill a request's blanks and check it against every rule; all violations are reported in one line."""
+def resolve_layout(
+    model: ModelSpec, cluster: ClusterSpec, request: LayoutRequest, scopes: tuple[str, ...] = ("layout",)
+) -> Layout:
+    """Fill a request's blanks and check it against every rule in `scopes` (see :class:`toolkit.rules.Rule`);
+    all violations are reported in one line."""
     from toolkit.rules import violations
 
     world = cluster.world_size
@@ -131,7 +153,7 @@ def resolve_layout(model: ModelSpec, cluster: ClusterSpec, request: LayoutReques
             f"is not divisible by tp({request.tp}) × pp({request.pp}) × sp({request.sp}) = {mp}"
         )
     dp = world // mp
-    problems = violations(model, cluster, request, dp)
+    problems = violations(model, cluster, request, dp, scopes)
     if problems:
         raise UserError("; ".join(problems))
     global_batch, accum = batch_arithmetic(

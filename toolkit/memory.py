@@ -40,7 +40,7 @@ class RankParams:
     persistent: float
     """Small tensors ZeRO-3 keeps gathered (norms, biases, small routers)."""
     largest_module: float
-    """Largest single module ZeRO-3 must gather at once (a block or the embedding)."""
+    """Largest single module ZeRO-3 must gather at once (a matrix, a fused q/k/v or the embedding)."""
 
 
 @dataclass(frozen=True)
@@ -142,12 +142,13 @@ def _sum_states(a: EngineStates, b: EngineStates) -> EngineStates:
     return EngineStates(*(x + y for x, y in zip(a.__dict__.values(), b.__dict__.values(), strict=True)))
 
 
-def zero_buffers(layout: Layout, knobs: ZeroKnobs, rank: RankParams, b: int) -> float:
+def zero_buffers(layout: Layout, knobs: ZeroKnobs, rank: RankParams, b: int, hpz_size: int = 1) -> float:
     """Reduce buckets and ZeRO-3's gathered-parameter working set, bytes.
 
     ZeRO-1/2 allocate `reduce_bucket_size` elements (twice with overlap_comm) during backward; ZeRO-3 one bucket
     for the run, the persistent small parameters, the module being computed plus what the prefetcher may hold
     (bounded by `stage3_max_live_parameters`), and that module's full gradient before it is reduce-scattered.
+    ZeRO++'s hpZ adds a secondary copy of the weights partitioned over the `hpz_size` ranks of a node.
     """
     if layout.zero_stage == 0:
         return 0.0
@@ -156,7 +157,8 @@ def zero_buffers(layout: Layout, knobs: ZeroKnobs, rank: RankParams, b: int) -> 
         return bucket * (2 if knobs.overlap_comm else 1)
     prefetch = min(knobs.stage3_prefetch_bucket_size, knobs.stage3_max_live_parameters)
     gathered = rank.largest_module + prefetch
-    return bucket + b * rank.persistent + b * gathered + b * rank.largest_module
+    secondary = b * (rank.dense / hpz_size + rank.expert / layout.expert_dp) if layout.zeropp else 0.0
+    return bucket + b * rank.persistent + b * gathered + b * rank.largest_module + secondary
 
 
 def rank_params(
@@ -195,14 +197,17 @@ def rank_params(
     persistent = blocks * small + (moe_blocks * pc.router if pc.router <= persistence_threshold else 0)
     if last:
         persistent += pc.final_norm
-    largest = common + max(
-        dense_mlp if dense_blocks else 0, pc.router + pc.num_experts / ep * pc.expert if moe_blocks else 0
-    )
+    expert_leaf = pc.largest_expert_leaf / (ep if pc.fused_experts else 1) if moe_blocks else 0.0
+    largest = max(pc.largest_dense_leaf / t, expert_leaf) if blocks else 0.0
     if first or (last and (pc.lm_head or layout.pp > 1)):
         largest = max(largest, word)
     return RankParams(
         dense=dense, dense_convention=convention, expert=expert, persistent=persistent, largest_module=largest
     )
+
+
+def _hpz(cluster: ClusterSpec, layout: Layout) -> int:
+    return max(1, min(layout.dp, cluster.gpus_per_node // (layout.tp * layout.sp)))
 
 
 def stage_memory(
@@ -236,7 +241,7 @@ def stage_memory(
         gradients=paper[1],
         optimizer_states=paper[2],
         activations=activations,
-        buffers=zero_buffers(layout, knobs, rank, b),
+        buffers=zero_buffers(layout, knobs, rank, b, _hpz(cluster, layout)),
         engine=engine,
         framework_overhead=cluster.framework_overhead_gib * GIB,
         cpu_per_node=engine.host_bytes * cluster.gpus_per_node,

@@ -9,6 +9,7 @@ embedding sits on the first pipeline stage and the head on the last, experts sha
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from toolkit.specs import ModelSpec
 
@@ -37,6 +38,13 @@ class ParamCount:
     final_norm: int
     lm_head: int
     """0 when tied to the word embedding."""
+    largest_dense_leaf: int
+    """Largest single module of a block outside the experts (one matrix, or a fused q/k/v): what ZeRO-3
+    must gather at once, before tensor parallelism."""
+    largest_expert_leaf: int
+    """Largest expert module: all experts when HF fuses them (Mixtral, divisible by EP), else one expert's
+    matrix."""
+    fused_experts: bool
     n_layers: int
     n_moe_layers: int
     num_experts: int
@@ -91,6 +99,38 @@ def _mlp(hidden: int, ffn: int, gated: bool, bias: bool) -> tuple[int, int, int]
     return weights, (n_in * ffn if bias else 0), (hidden if bias else 0)
 
 
+@lru_cache(maxsize=256)
+def _largest_dense_leaf(spec: ModelSpec, q_width: int, kv_width: int) -> int:
+    h = spec.hidden_size
+    fused_qkv = spec.architecture in ("gpt2", "bloom")  # GPT-2's c_attn, BLOOM's query_key_value
+    attention = h * (q_width + 2 * kv_width) if fused_qkv else h * max(q_width, kv_width)
+    return max(attention, h * spec.ffn_hidden_size)
+
+
+def _largest_expert_leaf(spec: ModelSpec) -> int:
+    if not spec.is_moe:
+        return 0
+    per_matrix = spec.hidden_size * spec.moe_ffn_hidden_size
+    # transformers 5 fuses Mixtral's experts (gate_up_proj: E × 2f × h); DeepSpeed MoE keeps one module each
+    if spec.architecture == "mixtral":
+        return spec.num_experts * per_matrix * (2 if spec.gated_mlp else 1)
+    return per_matrix
+
+
+@lru_cache(maxsize=256)
+def _largest_leaf(spec: ModelSpec, q_width: int, kv_width: int) -> int:
+    h = spec.hidden_size
+    fused_qkv = spec.architecture in ("gpt2", "bloom")  # GPT-2's c_attn, BLOOM's query_key_value
+    attention = h * (q_width + 2 * kv_width) if fused_qkv else h * max(q_width, kv_width)
+    mlp = h * spec.ffn_hidden_size * (2 if spec.gated_mlp and spec.architecture == "mixtral" else 1)
+    if spec.is_moe:
+        n_in = 2 if spec.gated_mlp else 1
+        # transformers 5 fuses Mixtral's experts into one module; DeepSpeed MoE keeps one module per expert
+        per_expert = n_in * h * spec.moe_ffn_hidden_size
+        mlp = max(mlp, spec.num_experts * per_expert if spec.architecture == "mixtral" else per_expert)
+    return max(attention, mlp)
+
+
 def count_params(spec: ModelSpec) -> ParamCount:
     """Count every parameter of `spec` by component (see module docstring for the HF correspondence)."""
     h, d = spec.hidden_size, spec.head_dim
@@ -113,6 +153,9 @@ def count_params(spec: ModelSpec) -> ParamCount:
         expert=ew + esb + erb,
         final_norm=norm,
         lm_head=0 if spec.tied_embeddings else spec.vocab_size * h,
+        largest_dense_leaf=_largest_dense_leaf(spec, q_width, kv_width),
+        largest_expert_leaf=_largest_expert_leaf(spec),
+        fused_experts=spec.architecture == "mixtral",
         n_layers=spec.n_layers,
         n_moe_layers=spec.n_moe_layers,
         num_experts=spec.num_experts,

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from toolkit.estimate import Estimate
@@ -53,8 +54,11 @@ def print_estimate(est: Estimate, title: str | None = None) -> None:
 
     m, t = est.memory, est.time
     console = Console()
-    head = title or f"{est.model.name} ({human_count(est.model.n_params())} params) on {est.cluster.name}"
-    console.print(f"[bold]{head}[/bold] × {est.cluster.nodes} node(s) × {est.cluster.gpus_per_node}")
+    c = est.cluster
+    head = title or f"{est.model.name} ({human_count(est.model.n_params())} params)"
+    console.print(
+        f"[bold]{head}[/bold] on {c.nodes} × {c.name} ({c.world_size} ranks of {c.gpu_memory_gib:g} GiB)"
+    )
     console.print(f"layout: {layout_line(est)}")
     mem = Table(title="Memory per GPU (most loaded pipeline stage)", show_header=True)
     mem.add_column("part")
@@ -96,3 +100,40 @@ def print_estimate(est: Estimate, title: str | None = None) -> None:
         f"{verdict}; {est.tokens_per_s:,.0f} tokens/s, {est.tflops_per_gpu:.1f} TFLOP/s per GPU "
         f"(model; {est.hardware_tflops_per_gpu:.1f} with recomputation), MFU {est.mfu:.1%}"
     )
+
+
+def write_plan_report(path: Path, model: Any, cluster: Any, plan: Any, data: dict[str, Any]) -> None:
+    """A Markdown report of a plan: the layout, its memory and time, the reasons and the alternatives."""
+    est = plan.best.estimate
+    m, t = est.memory, est.time
+    lines = [
+        f"# Plan: {model.name} on {cluster.nodes} × {cluster.name}",
+        "",
+        f"**Layout:** {layout_line(est)}",
+        "",
+        f"- tokens/s: {est.tokens_per_s:,.0f}; TFLOP/s per GPU: {est.tflops_per_gpu:.1f}; MFU: {est.mfu:.1%}",
+        f"- step time: {t.total_s:.4g} s",
+        f"- memory per GPU: {human_bytes(m.total)} of {human_bytes(est.capacity_bytes)}",
+        "",
+        "| memory part | bytes |",
+        "|---|---|",
+        *[f"| {k} | {human_bytes(v)} |" for k, v in data["estimate"]["memory_per_gpu_bytes"].items()],
+        "",
+        "| step-time part | seconds |",
+        "|---|---|",
+        *[f"| {k} | {v:.4g} |" for k, v in data["estimate"]["step_time_breakdown_s"].items()],
+        "",
+        "## Why this layout",
+        "",
+        *[f"- {line}" for line in plan.explanation],
+    ]
+    if "training" in data:
+        tr = data["training"]
+        lines += [
+            "",
+            "## Training",
+            "",
+            f"- {tr['tokens']:.3g} tokens: {tr['days']:.1f} days, {tr['gpu_hours']:,.0f} GPU-hours",
+        ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -21,6 +21,9 @@ Check = Callable[[ModelSpec, ClusterSpec, LayoutRequest, int], "str | None"]
 class Rule:
     name: str
     check: Check
+    scope: str = "layout"
+    """"layout": no layout can break it and exist; "deepspeed": what dstk's DeepSpeed run path (HF models in
+    the DeepSpeed engine) cannot run here, though another runtime (e.g. Megatron-DeepSpeed) might."""
 
 
 def _divisors(n: int) -> list[int]:
@@ -124,6 +127,78 @@ def _sp_divides(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str 
     return None
 
 
+def _zeropp_needs_zero3(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    if r.zeropp and r.zero_stage != 3:
+        return f"--zeropp: ZeRO++ works on ZeRO stage 3 (got stage {r.zero_stage})"
+    return None
+
+
+def _zeropp_needs_cuda(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """ZeRO++ quantizes with DeepSpeed's CUDA quantizer op; the CPU accelerator has no builder for it."""
+    if r.zeropp and c.accelerator != "cuda":
+        return f"--zeropp: ZeRO++'s quantization kernels need CUDA; cluster {c.name} is {c.accelerator}"
+    return None
+
+
+# Architectures DeepSpeed 0.19.8's AutoTP training shards (HF tp_plan, or its name heuristic): the heuristic
+# refuses GPT-2 ("AutoTP not supported for model. Please use kernel injection since container policy for model
+# exists", module_inject/auto_tp.py) and GPT-2 has no HF tp_plan; Llama trains on 2 gloo ranks, and the
+# parser accepts BLOOM, Mistral, Mixtral and Qwen2.
+AUTOTP_ARCHITECTURES = ("llama", "mistral", "mixtral", "qwen2", "bloom")
+# Architectures dstk turns into a DeepSpeed PipelineModule (toolkit/pipeline.py).
+PIPELINE_ARCHITECTURES = ("gpt2", "llama", "mistral", "qwen2")
+
+
+def _autotp_architecture(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    if r.tp > 1 and m.architecture not in AUTOTP_ARCHITECTURES:
+        return (
+            f"--tp: DeepSpeed AutoTP cannot shard {m.architecture} models (supported: "
+            f"{', '.join(AUTOTP_ARCHITECTURES)}); use tp=1 with ZeRO, or Megatron-DeepSpeed (dstk config --megatron)"
+        )
+    return None
+
+
+def _pipeline_architecture(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    if r.pp > 1 and m.architecture not in PIPELINE_ARCHITECTURES:
+        return f"--pp: dstk pipelines {', '.join(PIPELINE_ARCHITECTURES)} models, not {m.architecture}"
+    return None
+
+
+def _pipeline_with_tp(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    if r.pp > 1 and (r.tp > 1 or r.sp > 1 or r.ep > 1):
+        return "--pp: dstk's HF pipeline runs with data parallelism only (tp=sp=ep=1); 3D layouts need Megatron-DeepSpeed"
+    return None
+
+
+def _native_moe_zero3(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """dstk turns dense GPT-2/Llama models into MoE with DeepSpeed's own MoE layer, which the engine refuses at
+    stage 3 ("Native DeepSpeed MoE is not supported with ZeRO Stage 3. Use AutoEP or choose ZeRO stage 1/2.",
+    runtime/engine.py); HF's Mixtral goes through AutoEP instead, which accepts stage 3."""
+    if m.is_moe and m.architecture != "mixtral" and r.zero_stage == 3:
+        return f"--zero-stage: DeepSpeed MoE layers ({m.architecture} with experts) need ZeRO stage 1 or 2, not 3"
+    return None
+
+
+def _autoep_zero3(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """AutoEP with ZeRO-3 forbids sequence parallelism, quantized gradients and hpZ (runtime/engine.py)."""
+    if m.architecture == "mixtral" and r.zero_stage == 3 and (r.sp > 1 or r.zeropp):
+        return "--zero-stage: AutoEP at ZeRO stage 3 allows neither --sp > 1 nor --zeropp"
+    return None
+
+
+def _tp_sp_needs_tp(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    if r.tp_sequence_parallel and r.tp == 1:
+        return "--tp-sequence-parallel: sequence parallelism shards over the TP group; it needs --tp > 1"
+    return None
+
+
+def _tp_sp_needs_megatron(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """DeepSpeed's AutoTP shards linear layers only; Megatron's sequence parallelism is a Megatron feature."""
+    if r.tp_sequence_parallel:
+        return "--tp-sequence-parallel: DeepSpeed AutoTP has no Megatron sequence parallelism; use --target megatron"
+    return None
+
+
 RULES: tuple[Rule, ...] = (
     Rule("tp_divides_heads", _tp_divides_heads),
     Rule("pp_le_layers", _pp_le_layers),
@@ -137,14 +212,41 @@ RULES: tuple[Rule, ...] = (
     Rule("ep_needs_moe", _ep_needs_moe),
     Rule("ep_divides_experts_and_dp", _ep_divides),
     Rule("sp_divides_heads_and_seq", _sp_divides),
+    Rule("zeropp_needs_zero3", _zeropp_needs_zero3),
+    Rule("tp_sequence_parallel_needs_tp", _tp_sp_needs_tp),
+    Rule("zeropp_needs_cuda", _zeropp_needs_cuda),
+    Rule("autotp_supports_architecture", _autotp_architecture, scope="deepspeed"),
+    Rule("pipeline_supports_architecture", _pipeline_architecture, scope="deepspeed"),
+    Rule("hf_pipeline_is_data_parallel_only", _pipeline_with_tp, scope="deepspeed"),
+    Rule("native_moe_needs_zero_le_2", _native_moe_zero3, scope="deepspeed"),
+    Rule("autoep_zero3_limits", _autoep_zero3, scope="deepspeed"),
+    Rule("tp_sequence_parallel_needs_megatron", _tp_sp_needs_megatron, scope="deepspeed"),
 )
 
 
-def violations(model: ModelSpec, cluster: ClusterSpec, request: LayoutRequest, dp: int) -> list[str]:
-    """Messages of every rule the request breaks (empty when legal)."""
-    return [msg for rule in RULES if (msg := rule.check(model, cluster, request, dp))]
+def violations(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    request: LayoutRequest,
+    dp: int,
+    scopes: tuple[str, ...] = ("layout",),
+) -> list[str]:
+    """Messages of every rule in `scopes` the request breaks (empty when legal)."""
+    return [
+        msg for rule in RULES if rule.scope in scopes and (msg := rule.check(model, cluster, request, dp))
+    ]
 
 
-def broken_rules(model: ModelSpec, cluster: ClusterSpec, request: LayoutRequest, dp: int) -> list[str]:
-    """Names of the rules the request breaks (the planner's `rejected_because`)."""
-    return [rule.name for rule in RULES if rule.check(model, cluster, request, dp)]
+def broken_rules(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    request: LayoutRequest,
+    dp: int,
+    scopes: tuple[str, ...] = ("layout",),
+) -> list[tuple[str, str]]:
+    """(name, message) of the rules in `scopes` the request breaks (the planner's `rejected_because`)."""
+    return [
+        (rule.name, msg)
+        for rule in RULES
+        if rule.scope in scopes and (msg := rule.check(model, cluster, request, dp))
+    ]

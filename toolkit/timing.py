@@ -25,6 +25,7 @@ from toolkit import comm
 from toolkit.compute import StageCompute
 from toolkit.layout import Layout
 from toolkit.specs import ClusterSpec, ModelSpec
+from toolkit.zero_knobs import ZeroKnobs
 
 # Bytes Adam reads and writes per parameter per step: fp32 master, gradient, m, v read; master, m, v written,
 # plus the 16-bit working copy (mixed precision). fp32 training has no separate master or 16-bit copy.
@@ -107,8 +108,14 @@ def _micro_comm_s(model: ModelSpec, cluster: ClusterSpec, layout: Layout, load: 
     return t
 
 
+def _gather_calls(model: ModelSpec, load: StageLoad, params: float, knobs: ZeroKnobs) -> float:
+    """ZeRO-3 all-gathers per pass: one per module that owns parameters, coalesced up to the prefetch bucket."""
+    per_block = (4 if model.architecture in ("gpt2", "bloom") else 7) + (2 if load.n_moe_blocks else 0)
+    return max(load.n_blocks * per_block, params / max(knobs.stage3_prefetch_bucket_size, 1))
+
+
 def _dp_exposed_s(
-    cluster: ClusterSpec, layout: Layout, load: StageLoad, e: int, bucket_elems: float
+    model: ModelSpec, cluster: ClusterSpec, layout: Layout, load: StageLoad, e: int, knobs: ZeroKnobs
 ) -> float:
     """Data-parallel traffic per step that is not hidden behind compute (see module docstring)."""
     g = _groups(layout, cluster)
@@ -119,24 +126,37 @@ def _dp_exposed_s(
     fwd, bwd = load.compute.forward_s, load.compute.backward_s + load.compute.recompute_s
     if cluster.accelerator == "cpu":
         fwd = bwd = 0.0  # on the CPU accelerator the same cores run gloo and the math: nothing overlaps
-    tail = 0.0
-    exposed = 0.0
+    tail = exposed = 0.0
     for params, grp in ((load.dense_params, g["dp"]), (load.expert_params, g["edp"])):
         if grp.size <= 1 or params <= 0:
             continue
-        reduce_one = comm.reduce_scatter_s(params * grad_e, grp, cluster)
-        gather_one = comm.all_gather_s(params * e, grp, cluster)
-        tail = max(tail, comm.all_reduce_s(min(bucket_elems, params) * grad_e, grp, cluster))
+        buckets = max(1.0, params / knobs.reduce_bucket_size)
+        reduce_one = comm.reduce_scatter_s(params * grad_e, grp, cluster, calls=buckets)
+        gathers = _gather_calls(model, load, params, knobs)
+        tail = max(tail, comm.all_reduce_s(min(knobs.reduce_bucket_size, params) * grad_e, grp, cluster))
         if layout.optimizer != "adamw":
             exposed += _onebit_allreduce_s(params, grp, cluster, layout)
         elif layout.zero_stage == 0:
-            exposed += comm.all_reduce_s(params * grad_e, grp, cluster)
-        elif layout.zero_stage == 1:
-            exposed += max(0.0, reduce_one - bwd) + gather_one
-        elif layout.zero_stage == 2:
-            exposed += m * max(0.0, reduce_one - bwd) + gather_one
+            # the engine's buffered all-reduce after backward, in 5e8-element buffers (engine.py)
+            exposed += comm.all_reduce_s(params * grad_e, grp, cluster, calls=max(1.0, params / 5e8))
+        elif layout.zero_stage in (1, 2):
+            # updated partitions are all-gathered in place into the flat 16-bit model, bucket by bucket
+            gather = comm.all_gather_s(
+                params * e, grp, cluster, calls=max(1.0, params / knobs.allgather_bucket_size)
+            )
+            exposed += (m if layout.zero_stage == 2 else 1) * max(0.0, reduce_one - bwd) + gather
+        elif layout.zeropp:
+            # ZeRO++ (Wang et al. 2023): int8 weights forward (+ fp32 scale per 2048 values), backward gathers
+            # from the secondary partition inside the node, int4 gradients reduce-scattered
+            hpz_size = max(1, min(grp.size, cluster.gpus_per_node // (layout.tp * layout.sp)))
+            hpz = comm.group(hpz_size, layout.tp * layout.sp, cluster)
+            gather_fwd = comm.all_gather_s(params * (1 + 4 / 2048), grp, cluster, calls=gathers)
+            gather_bwd = comm.all_gather_s(params * e, hpz, cluster, calls=gathers)
+            reduce_q = comm.reduce_scatter_s(params * (0.5 + 4 / 2048), grp, cluster, calls=buckets)
+            exposed += m * (max(0.0, gather_fwd - fwd) + max(0.0, gather_bwd + reduce_q - bwd))
         else:
-            exposed += m * (max(0.0, gather_one - fwd) + max(0.0, gather_one + reduce_one - bwd))
+            gather = comm.all_gather_s(params * e, grp, cluster, calls=gathers)
+            exposed += m * (max(0.0, gather - fwd) + max(0.0, gather + reduce_one - bwd))
     return exposed + (tail if layout.zero_stage else 0.0)
 
 
@@ -180,7 +200,7 @@ def _param_offload_s(cluster: ClusterSpec, layout: Layout, load: StageLoad, e: i
 
 
 def step_time(
-    model: ModelSpec, cluster: ClusterSpec, layout: Layout, load: StageLoad, bucket_elems: float
+    model: ModelSpec, cluster: ClusterSpec, layout: Layout, load: StageLoad, knobs: ZeroKnobs
 ) -> StepTime:
     """Seconds per optimizer step of `layout`, with `load` the slowest pipeline stage's work."""
     e = 4 if layout.precision == "fp32" else 2
@@ -192,7 +212,7 @@ def step_time(
         compute_s=m * load.compute.total_s,
         pipeline_bubble_s=(p - 1) * slot,
         model_parallel_comm_s=m * micro_comm,
-        data_parallel_comm_s=_dp_exposed_s(cluster, layout, load, e, bucket_elems),
+        data_parallel_comm_s=_dp_exposed_s(model, cluster, layout, load, e, knobs),
         optimizer_s=opt,
         offload_s=offload + _param_offload_s(cluster, layout, load, e),
     )

@@ -4,8 +4,8 @@ DeepSpeed's defaults (reduce bucket 5e8 elements, prefetch 5e7, live parameters 
 shape; its reduce bucket is allocated at full size whatever the model (2 × 1 GB per rank at ZeRO-1/2 with
 overlap in bf16). We derive them from the hidden size the way HF's DeepSpeed integration fills its "auto"
 values (transformers.integrations.deepspeed: reduce bucket h², prefetch 0.9·h², persistence threshold 10·h),
-and bound the live parameters by two blocks (the one computing and the one being prefetched), so one formula
-feeds both the generated config and the memory estimate.
+and bound the live (and reused) parameters by one block, or DeepSpeed's 1e9 when a block is larger, so one
+formula feeds both the generated config and the memory estimate.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def block_params_per_rank(model: ModelSpec, tp: int) -> int:
 def derive_zero_knobs(model: ModelSpec, layout: Layout) -> ZeroKnobs:
     h = model.hidden_size
     bucket = h * h
-    live = 2 * block_params_per_rank(model, layout.tp)
+    live = min(int(1e9), block_params_per_rank(model, layout.tp))
     return ZeroKnobs(
         reduce_bucket_size=bucket,
         allgather_bucket_size=bucket,

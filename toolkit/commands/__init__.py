@@ -14,7 +14,14 @@ from typing import Any, NoReturn
 # verb -> (module under toolkit.commands, one-line summary)
 VERBS: dict[str, tuple[str, str]] = {
     "estimate": ("estimate", "Predict memory per GPU, step time, throughput and MFU of one layout."),
+    "plan": ("plan", "Find the fastest layout that fits, with its DeepSpeed config and the reasons."),
+    "config": (
+        "config",
+        "Write the DeepSpeed config (or HF Trainer / Accelerate / Megatron settings) for a layout.",
+    ),
+    "validate": ("validate", "Check a DeepSpeed config with DeepSpeed's own classes for a world size."),
     "presets": ("presets", "List model and cluster presets with their key figures."),
+    "env": ("env", "Show library versions and the accelerator (stamped into benchmark results)."),
 }
 
 
@@ -24,23 +31,6 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
 
-
-# Layout flags: DESIGN.md names them; the rest of each flag comes from the LayoutRequest field.
-LAYOUT_FLAGS: dict[str, str] = {
-    "zero_stage": "--zero-stage",
-    "tp": "--tp",
-    "pp": "--pp",
-    "ep": "--ep",
-    "sp": "--sp",
-    "micro_batch_size": "--micro-batch",
-    "global_batch_size": "--global-batch",
-    "gradient_accumulation_steps": "--grad-accum",
-    "recompute": "--recompute",
-    "offload_optimizer": "--offload-optimizer",
-    "offload_param": "--offload-param",
-    "precision": "--precision",
-    "optimizer": "--optimizer",
-}
 
 # Cluster fields that can be overridden on the command line (the rest: write a cluster file).
 CLUSTER_OVERRIDES = (
@@ -95,12 +85,16 @@ def add_cluster_args(parser: argparse.ArgumentParser, required: bool = True) -> 
 
 
 def add_layout_args(parser: argparse.ArgumentParser) -> None:
-    from toolkit.layout import LayoutRequest
+    from toolkit.layout import LAYOUT_FLAGS, LayoutRequest
 
     group = parser.add_argument_group("layout")
     for name, flag in LAYOUT_FLAGS.items():
         field = LayoutRequest.model_fields[name]
         kind, choices = _choices(field.annotation)
+        if kind is bool:
+            action = argparse.BooleanOptionalAction
+            group.add_argument(flag, dest=name, action=action, default=None, help=field.description)
+            continue
         group.add_argument(
             flag,
             dest=name,
@@ -127,11 +121,26 @@ def cluster_from_args(args: argparse.Namespace) -> Any:
 
 
 def layout_request_from_args(args: argparse.Namespace) -> Any:
-    from toolkit.layout import LayoutRequest
+    from toolkit.layout import LAYOUT_FLAGS, LayoutRequest
     from toolkit.load import build
 
     given = {name: getattr(args, name) for name in LAYOUT_FLAGS if getattr(args, name, None) is not None}
     return build(LayoutRequest, given, "layout", labels=LAYOUT_FLAGS)
+
+
+def add_target_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--target",
+        choices=("deepspeed", "megatron"),
+        default="deepspeed",
+        help="runtime the layout is for: deepspeed (HF models in the DeepSpeed engine: AutoTP architectures only, "
+        "data-parallel pipelines) or megatron (Megatron-DeepSpeed: any TP/PP)",
+    )
+
+
+def scopes_from_args(args: argparse.Namespace) -> tuple[str, ...]:
+    """Rule scopes (toolkit.rules.Rule.scope) the target runtime must respect."""
+    return ("layout", "deepspeed") if getattr(args, "target", "deepspeed") == "deepspeed" else ("layout",)
 
 
 def print_json(data: Any) -> None:

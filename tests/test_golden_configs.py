@@ -1,0 +1,43 @@
+"""Every reference config in ds_configs/ is what dstk generates today, and DeepSpeed accepts it."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+import yaml
+
+from tests.cli import REPO, dstk
+
+SCENARIOS = yaml.safe_load((REPO / "ds_configs" / "scenarios.yaml").read_text())
+
+
+def _world_size(args: list[str]) -> int:
+    from toolkit.commands import CLUSTER_OVERRIDES
+    from toolkit.load import load_cluster
+
+    opts = dict(zip(args[::2], args[1::2], strict=False))
+    overrides = {
+        k: float(opts[f"--{k.replace('_', '-')}"])
+        for k in CLUSTER_OVERRIDES
+        if f"--{k.replace('_', '-')}" in opts
+    }
+    overrides = {k: int(v) if k in ("nodes", "gpus_per_node") else v for k, v in overrides.items()}
+    return load_cluster(opts["--cluster"], overrides).world_size
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_golden_config_regenerates_byte_for_byte_and_validates(name: str, tmp_path) -> None:
+    args = shlex.split(SCENARIOS[name]["args"])
+    out = tmp_path / "cfg.json"
+    r = dstk("config", *args, "-o", str(out))
+    assert r.code == 0, r.err
+    golden = REPO / "ds_configs" / f"{name}.json"
+    assert out.read_bytes() == golden.read_bytes(), f"{golden} is stale: run python ds_configs/regenerate.py"
+    r = dstk("validate", str(golden), "--world-size", str(_world_size(args)))
+    assert r.code == 0, r.out
+
+
+def test_golden_configs_have_no_strays() -> None:
+    files = {p.stem for p in (REPO / "ds_configs").glob("*.json")}
+    assert files == set(SCENARIOS)

@@ -1,0 +1,267 @@
+"""The planner and config generation: named rules, fit margins, nothing-fits advice, agreement with estimate."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tests.cli import dstk
+from toolkit.errors import UserError
+from toolkit.layout import LayoutRequest, resolve_layout
+from toolkit.load import load_cluster, load_model
+from toolkit.planner import DEFAULT_MARGIN, plan
+from toolkit.rules import RULES
+
+BOTH = ("layout", "deepspeed")
+
+# One violating layout per rule: (rule name, model, cluster, overrides, request fields, message pattern)
+RULE_CASES = [
+    ("tp_divides_heads", "gpt2", "dgx-a100-80g", {}, dict(tp=8), r"--tp: n_heads\(12\)"),
+    ("pp_le_layers", "tiny-gpt2", "dgx-a100-80g", {}, dict(pp=8), r"--pp: pp\(8\) exceeds n_layers\(4\)"),
+    (
+        "pipeline_needs_zero_le_1",
+        "gpt2",
+        "dgx-a100-80g",
+        {},
+        dict(pp=2, zero_stage=2),
+        r"ZeRO stage 0 or 1, not 2",
+    ),
+    (
+        "param_offload_needs_zero3",
+        "gpt2",
+        "dgx-a100-80g",
+        {},
+        dict(zero_stage=2, offload_param="cpu"),
+        r"needs ZeRO stage 3",
+    ),
+    (
+        "optimizer_offload_needs_zero",
+        "gpt2",
+        "dgx-a100-80g",
+        {},
+        dict(offload_optimizer="cpu"),
+        r"needs ZeRO stage 1, 2 or 3",
+    ),
+    (
+        "nvme_optimizer_needs_zero3",
+        "gpt2",
+        "dgx-a100-80g",
+        {},
+        dict(zero_stage=2, offload_optimizer="nvme"),
+        r"nvme needs ZeRO stage 3",
+    ),
+    (
+        "nvme_needs_local_nvme",
+        "gpt2",
+        "dgx-a100-80g",
+        {"nvme_gib": 0},
+        dict(zero_stage=3, offload_param="nvme"),
+        r"nvme_gib=0",
+    ),
+    ("precision_supported", "gpt2", "cpu", {}, dict(precision="fp16"), r"fp16 is not supported"),
+    (
+        "onebit_needs_zero0",
+        "gpt2",
+        "dgx-a100-80g",
+        {},
+        dict(optimizer="onebit-adam", zero_stage=1),
+        r"needs ZeRO stage 0",
+    ),
+    ("ep_needs_moe", "gpt2", "dgx-a100-80g", {}, dict(ep=2), r"needs an MoE model"),
+    (
+        "ep_divides_experts_and_dp",
+        "mixtral-8x7b",
+        "dgx-a100-80g",
+        {},
+        dict(ep=3),
+        r"num_experts\(8\) must be divisible by ep\(3\)",
+    ),
+    ("sp_divides_heads_and_seq", "gpt2", "dgx-a100-80g", {}, dict(sp=8), r"must be divisible by sp\(8\)"),
+    (
+        "zeropp_needs_zero3",
+        "gpt2",
+        "dgx-a100-80g",
+        {"nodes": 2},
+        dict(zeropp=True, zero_stage=2),
+        r"ZeRO\+\+ works on ZeRO stage 3",
+    ),
+    ("zeropp_needs_cuda", "gpt2", "cpu", {}, dict(zeropp=True, zero_stage=3), r"need CUDA"),
+    ("autotp_supports_architecture", "gpt2", "dgx-a100-80g", {}, dict(tp=2), r"AutoTP cannot shard gpt2"),
+    ("pipeline_supports_architecture", "bloom-176b", "dgx-a100-80g", {}, dict(pp=2), r"not bloom"),
+    ("hf_pipeline_is_data_parallel_only", "llama-7b", "dgx-a100-80g", {}, dict(pp=2, tp=2), r"tp=sp=ep=1"),
+    ("native_moe_needs_zero_le_2", "gpt2", "dgx-a100-80g", {}, dict(zero_stage=3), r"DeepSpeed MoE layers"),
+    (
+        "tp_sequence_parallel_needs_tp",
+        "gpt2",
+        "dgx-a100-80g",
+        {},
+        dict(tp_sequence_parallel=True),
+        r"needs --tp > 1",
+    ),
+    (
+        "tp_sequence_parallel_needs_megatron",
+        "llama-7b",
+        "dgx-a100-80g",
+        {},
+        dict(tp=2, tp_sequence_parallel=True),
+        r"use --target megatron",
+    ),
+    (
+        "autoep_zero3_limits",
+        "mixtral-8x7b",
+        "dgx-a100-80g",
+        {"nodes": 2},
+        dict(zero_stage=3, zeropp=True),
+        r"AutoEP at ZeRO stage 3",
+    ),
+]
+
+
+def test_every_rule_has_a_case() -> None:
+    assert {r.name for r in RULES} == {c[0] for c in RULE_CASES}
+
+
+@pytest.mark.parametrize(
+    ("rule", "model", "cluster", "over", "fields", "match"), RULE_CASES, ids=[c[0] for c in RULE_CASES]
+)
+def test_named_rule_rejects_with_message(rule, model, cluster, over, fields, match) -> None:
+    m = load_model(model)
+    if rule == "native_moe_needs_zero_le_2":
+        m = m.model_copy(update={"num_experts": 4})
+    c = load_cluster(cluster, over)
+    with pytest.raises(UserError, match=match) as info:
+        resolve_layout(m, c, LayoutRequest(**fields), BOTH)
+    assert "\n" not in str(info.value)
+
+
+def test_megatron_target_lifts_runtime_rules() -> None:
+    m, c = load_model("gpt3-175b"), load_cluster("dgx-a100-80g", {"nodes": 128})
+    layout = resolve_layout(
+        m, c, LayoutRequest(tp=8, pp=8, zero_stage=1, global_batch_size=1536), ("layout",)
+    )
+    assert layout.dp == 16
+
+
+def test_plan_fits_within_margin_and_matches_estimate() -> None:
+    r = dstk(
+        "plan",
+        "--model",
+        "llama-13b",
+        "--cluster",
+        "dgx-a100-80g",
+        "--nodes",
+        "2",
+        "--global-batch",
+        "256",
+        "--json",
+    )
+    assert r.code == 0, r.err
+    data = json.loads(r.out)
+    assert set(data) >= {"layout", "estimate", "ds_config", "explanation", "alternatives"}
+    assert data["estimate"]["memory_per_gpu_bytes"]["total"] <= (1 - DEFAULT_MARGIN) * 79.2 * 2**30
+    assert all(a["rejected_because"] for a in data["alternatives"])
+    again = dstk(
+        "estimate",
+        "--model",
+        "llama-13b",
+        "--cluster",
+        "dgx-a100-80g",
+        "--nodes",
+        "2",
+        *data["estimate_flags"],
+        "--json",
+    )
+    assert json.loads(again.out) == data["estimate"]
+    cfg = data["ds_config"]
+    lay = data["layout"]
+    assert cfg["train_batch_size"] == 256 * lay["tp"]
+    assert cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * lay["dp"] == 256
+
+
+def test_offload_only_when_nothing_else_fits() -> None:
+    model = load_model("llama-13b")
+    one = plan(model, load_cluster("dgx-a100-80g", {"gpus_per_node": 1}), global_batch=8)
+    eight = plan(model, load_cluster("dgx-a100-80g"), global_batch=64)
+    assert one is not None and eight is not None
+    assert one.best.layout.offload_optimizer != "none"
+    assert eight.best.layout.offload_optimizer == "none" and eight.best.layout.offload_param == "none"
+
+
+def test_nothing_fits_names_the_smallest_cluster() -> None:
+    r = dstk(
+        "plan",
+        "--model",
+        "gpt3-175b",
+        "--cluster",
+        "dgx-a100-40g",
+        "--global-batch",
+        "512",
+        "--offload-optimizer",
+        "none",
+        "--offload-param",
+        "none",
+    )
+    assert r.code == 2 and r.err.count("\n") == 1
+    nodes = int(re.search(r"--nodes (\d+)", r.err).group(1))
+    model = load_model("gpt3-175b")
+    fixed = {"offload_optimizer": "none", "offload_param": "none"}
+    assert plan(model, load_cluster("dgx-a100-40g", {"nodes": nodes}), fixed, global_batch=512) is not None
+    assert plan(model, load_cluster("dgx-a100-40g", {"nodes": nodes - 1}), fixed, global_batch=512) is None
+    assert "drop the --offload-* constraints" in r.err or "offload" in r.err
+
+
+def test_plan_explains_the_choice() -> None:
+    p = plan(load_model("llama-7b"), load_cluster("dgx-a100-80g"), global_batch=256)
+    assert p is not None
+    text = " ".join(p.explanation)
+    assert "tokens/s" in text and "GiB" in text and "Step time" in text
+    assert any("instead" in line for line in p.explanation)
+
+
+def test_config_refuses_layout_its_runtime_cannot_run() -> None:
+    r = dstk("config", "--model", "gpt2", "--cluster", "dgx-a100-80g", "--tp", "2", "-o", "-")
+    assert r.code == 2 and "AutoTP cannot shard gpt2" in r.err
+
+
+def test_validate_collects_every_problem(tmp_path) -> None:
+    bad = {
+        "train_batch_size": 30,
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 2,
+        "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}, "stage3_foo": 1},
+        "pipeline": {"stages": 2},
+        "elasticity": {"enabled": True},
+        "gradient_clip": 1.0,
+        "optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-3}},
+    }
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad))
+    r = dstk("validate", str(path), "--world-size", "8")
+    assert r.code == 2
+    for needle in (
+        "elasticity",
+        "gradient_clip: unknown top-level key",
+        "offload_param: needs stage 3",
+        "pipeline: 2 stages need",
+        "train_batch_size: 30 != ",
+        "stage3_foo",
+    ):
+        assert needle in r.out, needle
+    assert r.err.count("\n") == 1
+
+
+def test_validate_accepts_generated_config_and_bad_file_errors(tmp_path) -> None:
+    out = tmp_path / "c.json"
+    assert (
+        dstk("config", "--model", "tiny-gpt2", "--cluster", "cpu", "--zero-stage", "3", "-o", str(out)).code
+        == 0
+    )
+    assert dstk("validate", str(out), "--world-size", "2").code == 0
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    r = dstk("validate", str(broken), "--world-size", "2")
+    assert r.code == 2 and "malformed JSON" in r.err
+    r = dstk("validate", str(out), "--world-size", "0")
+    assert r.code == 2 and "--world-size" in r.err

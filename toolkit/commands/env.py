@@ -1,0 +1,71 @@
+"""`dstk env`: library versions, accelerator and machine — stamped into every benchmark result."""
+
+from __future__ import annotations
+
+import argparse
+
+from toolkit.commands import print_json
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def collect() -> dict[str, object]:
+    """Versions (without importing heavy packages where metadata suffices) and the accelerator in use."""
+    import os
+    import platform
+    from importlib import metadata
+
+    from toolkit import __version__
+
+    versions = {}
+    for pkg in (
+        "torch",
+        "deepspeed",
+        "transformers",
+        "datasets",
+        "accelerate",
+        "tokenizers",
+        "pydantic",
+        "peft",
+        "wandb",
+        "numpy",
+    ):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    info: dict[str, object] = {
+        "dstk": __version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "versions": versions,
+    }
+    try:
+        import torch
+
+        cuda = torch.cuda.is_available()
+        info["accelerator"] = "cuda" if cuda else "cpu"
+        info["devices"] = (
+            [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else []
+        )
+        info["torch_threads"] = torch.get_num_threads()
+    except ImportError:
+        info["accelerator"] = None
+    return info
+
+
+def run(args: argparse.Namespace) -> int:
+    info = collect()
+    if args.json:
+        print_json(info)
+        return 0
+    for key, value in info.items():
+        if isinstance(value, dict):
+            for k, v in value.items():
+                print(f"{k:>14}: {v}")
+        else:
+            print(f"{key:>14}: {value}")
+    return 0
