@@ -1,52 +1,122 @@
-"""`make demo`: what dstk does, end to end, on this machine.
+"""`make demo`: the whole path on this machine, as a user would run it, one printed command at a time.
 
-For now it compares ZeRO stages for two models with the cost model (the run-path issue replaces this with a
-real training run through the DeepSpeed engine).
+generate a corpus → prepare it (local BPE tokenizer, packing) → plan a tiny GPT for the 2-rank `cpu` cluster →
+write its DeepSpeed config → launch 2 ranks → ~100 steps with the loss falling → measured vs predicted →
+the checkpoint, exported as an HF model.
 """
 
 from __future__ import annotations
 
-from rich.console import Console
-from rich.table import Table
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
 
-from toolkit.estimate import estimate
-from toolkit.layout import LayoutRequest, resolve_layout
-from toolkit.load import load_cluster, load_model
-from toolkit.report import human_bytes
+OUT = Path("demo_out")
+MODEL = "tiny-gpt2"
+STEPS = 100
 
 
-def _table(model_name: str, cluster_name: str, nodes: int, **layout: object) -> Table:
-    model, cluster = load_model(model_name), load_cluster(cluster_name, {"nodes": nodes})
-    table = Table(title=f"{model_name} on {nodes} × {cluster_name} ({cluster.world_size} ranks)")
-    for col in ("ZeRO", "model states", "activations", "total/GPU", "fits", "step s", "tokens/s", "MFU"):
-        table.add_column(col, justify="right")
-    for stage in range(4):
-        e = estimate(
-            model, cluster, resolve_layout(model, cluster, LayoutRequest(zero_stage=stage, **layout))
-        )
-        table.add_row(
-            str(stage),
-            human_bytes(e.memory.engine.device_bytes),
-            human_bytes(e.memory.activations),
-            human_bytes(e.memory.total),
-            "yes" if e.fits else "no",
-            f"{e.time.total_s:.3g}",
-            f"{e.tokens_per_s:,.0f}",
-            f"{e.mfu:.1%}",
-        )
-    return table
+def dstk(*args: str) -> None:
+    print(f"\n$ dstk {' '.join(shlex.quote(a) for a in args)}", flush=True)
+    code = subprocess.call([sys.executable, "-m", "toolkit.cli", *args])
+    if code:
+        sys.exit(f"demo: dstk {args[0]} failed with exit status {code}")
+
+
+def loss_curve(losses: list[float], width: int = 50) -> str:
+    """A text plot of the loss per step: one row per tenth of the run."""
+    top, bottom = max(losses), min(losses)
+    rows = []
+    for i in range(0, len(losses), max(1, len(losses) // 10)):
+        bar = int((losses[i] - bottom) / (top - bottom or 1) * width)
+        rows.append(f"  step {i + 1:>4}  {losses[i]:7.3f}  {'#' * max(bar, 1)}")
+    rows.append(f"  step {len(losses):>4}  {losses[-1]:7.3f}")
+    return "\n".join(rows)
 
 
 def main() -> None:
-    console = Console()
-    console.print(
-        _table(
-            "llama-7b", "dgx-a100-80g", 2, micro_batch_size=2, global_batch_size=256, recompute="selective"
-        )
+    start = time.time()
+    raw, data, cfg = OUT / "raw", OUT / "data", OUT / "ds_config.json"
+    dstk("data", "generate", "--out", str(raw))
+    dstk(
+        "data",
+        "prepare",
+        "--input",
+        *sorted(str(p) for p in raw.glob("*.jsonl")),
+        "--out",
+        str(data),
+        "--seq-length",
+        "128",
+        "--train-tokenizer",
+        "2048",
     )
-    console.print(_table("tiny-gpt2", "cpu", 1, micro_batch_size=8))
-    console.print(
-        "Try: dstk estimate --model gpt-1t --cluster dgx-a100-80g --nodes 384 --tp 8 --pp 64 --zero-stage 1"
+    dstk("plan", "--model", MODEL, "--cluster", "cpu", "--global-batch", "16")
+    dstk(
+        "config",
+        "--plan",
+        "--model",
+        MODEL,
+        "--cluster",
+        "cpu",
+        "--global-batch",
+        "16",
+        "--lr",
+        "1e-3",
+        "--train-steps",
+        str(STEPS),
+        "--warmup-steps",
+        "10",
+        "--log-dir",
+        str(OUT / "logs"),
+        "-o",
+        str(cfg),
+    )
+    dstk(
+        "launch",
+        "--cluster",
+        "cpu",
+        "--config",
+        str(cfg),
+        "--run-dir",
+        str(OUT / "launch"),
+        "--",
+        "--model",
+        MODEL,
+        "--data",
+        str(data),
+        "--steps",
+        str(STEPS),
+        "--run-dir",
+        str(OUT / "run"),
+        "--checkpoint-dir",
+        str(OUT / "checkpoints"),
+        "--eval-every",
+        "50",
+        "--log-every",
+        "10",
+    )
+    summary = json.loads((OUT / "run" / "summary.json").read_text())
+    print("\nLoss per step (2 CPU ranks, DeepSpeed engine):")
+    print(loss_curve(summary["losses"]))
+    for e in summary["evals"]:
+        print(f"  held-out after step {e['step']}: loss {e['loss']:.3f}, perplexity {e['perplexity']:.1f}")
+    dstk(
+        "export",
+        "--model",
+        MODEL,
+        "--checkpoint",
+        str(OUT / "checkpoints"),
+        "--tokenizer",
+        str(data / "tokenizer"),
+        "--out",
+        str(OUT / "hf_model"),
+    )
+    print(
+        f"\nCheckpoints: {OUT / 'checkpoints'}; HF model: {OUT / 'hf_model'}; metrics: {OUT / 'run' / 'metrics.jsonl'}; "
+        f"TensorBoard/CSV: {OUT / 'logs'}. Demo took {time.time() - start:.0f} s."
     )
 
 

@@ -6,9 +6,10 @@ memory estimate assumed. Facts about DeepSpeed 0.19.8 this relies on:
 - the batch check is `train_batch_size == micro × accumulation × world / sequence_parallel_size`; AutoTP ranks are
   *not* divided out (`deepspeed/__init__.py` builds the config before the TP groups exist), so with
   `tensor_parallel.autotp_size = t` the config must count every TP rank: train_batch_size = global × t;
-- DeepSpeed dropped its 1-bit optimizers (issue #8489), so dstk's own are described in a top-level
-  `dstk_optimizer` block (DeepSpeed ignores unknown top-level keys) and passed to `deepspeed.initialize` as a
-  client optimizer by `dstk train`;
+- DeepSpeed ignores unknown top-level keys, so the config carries a `dstk` block for `dstk train`: the resolved
+  layout and model name it was planned for (recomputation, the predicted-vs-measured report) and, since
+  DeepSpeed dropped its 1-bit optimizers (issue #8489), dstk's own optimizer, which `dstk train` passes to
+  `deepspeed.initialize` as a client optimizer;
 - with CPU offload the engine swaps Adam for DeepSpeedCPUAdam (a JIT-built op); without offload on the CPU
   accelerator `torch_adam` avoids building fused Adam.
 """
@@ -27,7 +28,7 @@ from toolkit.layout import Layout
 from toolkit.specs import ClusterSpec, ModelSpec
 from toolkit.zero_knobs import derive_zero_knobs
 
-DSTK_OPTIMIZER_KEY = "dstk_optimizer"
+DSTK_KEY = "dstk"
 
 
 class ConfigOptions(BaseModel):
@@ -158,10 +159,8 @@ def _optimizer_blocks(
     }
     if layout.optimizer != "adamw":
         freeze = opts.freeze_step or max(1, opts.train_steps // 5)
-        return {
-            DSTK_OPTIMIZER_KEY: {"type": layout.optimizer, "params": {**adam, "freeze_step": freeze}},
-            "scheduler": scheduler,
-        }
+        dstk_optimizer = {"type": layout.optimizer, "params": {**adam, "freeze_step": freeze}}
+        return {DSTK_KEY: {"optimizer": dstk_optimizer}, "scheduler": scheduler}
     if cluster.accelerator == "cpu" and layout.offload_optimizer == "none":
         adam["torch_adam"] = True  # no fused-Adam JIT build on the CPU accelerator
     return {"optimizer": {"type": "AdamW", "params": adam}, "scheduler": scheduler}
@@ -208,6 +207,7 @@ def build_ds_config(
         **_optimizer_blocks(model, cluster, layout, opts),
         **_logging_blocks(opts),
     }
+    cfg[DSTK_KEY] = {"model": model.name, "layout": layout.model_dump(), **cfg.get(DSTK_KEY, {})}
     if layout.tp > 1:
         cfg["tensor_parallel"] = {"autotp_size": layout.tp}
     if model.architecture == "mixtral" and layout.ep > 1:

@@ -18,7 +18,7 @@ from toolkit.compute import stage_compute
 from toolkit.flops import hardware_flops_per_token, model_flops_per_token
 from toolkit.layout import Layout
 from toolkit.memory import GIB, Memory, rank_params, stage_memory
-from toolkit.params import count_params
+from toolkit.params import count_params, tensor_numels, zero_grad_partition
 from toolkit.specs import ClusterSpec, ModelSpec
 from toolkit.timing import StageLoad, StepTime, step_time
 from toolkit.zero_knobs import ZeroKnobs, derive_zero_knobs
@@ -231,11 +231,21 @@ def estimate_memory(
         )
         per_micro = _per_micro_activations(model, layout, st.blocks, st.moe_blocks)
         activations = _stage_activations(model, layout, st.index, st.blocks, st.moe_blocks, per_micro)
-        mem = stage_memory(layout, cluster, knobs, rank, activations, largest_param)
+        mem = stage_memory(
+            layout, cluster, knobs, rank, activations, largest_param, _grad_partition(model, layout)
+        )
         if worst is None or mem.total > worst.total:
             worst = mem
     assert worst is not None  # pp >= 1 guarantees a stage
     return worst
+
+
+def _grad_partition(model: ModelSpec, layout: Layout) -> int | None:
+    """The exact ZeRO-1/2 gradient buffer when the whole model is one flat group on every rank (no TP, PP or
+    expert groups), from the HF tensor order; otherwise None (the even share is used)."""
+    if layout.zero_stage not in (1, 2) or layout.tp > 1 or layout.pp > 1 or model.is_moe:
+        return None
+    return zero_grad_partition(tensor_numels(model), layout.dp)
 
 
 def _largest_param(pc, layout: Layout, model: ModelSpec) -> float:

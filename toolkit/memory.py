@@ -93,9 +93,20 @@ def zero_paper_states(psi: float, n: float, stage: int, precision: str) -> tuple
 
 
 def engine_states(
-    psi: float, n: int, layout: Layout, knobs: ZeroKnobs, persistent: float, largest_param: float
+    psi: float,
+    n: int,
+    layout: Layout,
+    knobs: ZeroKnobs,
+    persistent: float,
+    largest_param: float,
+    grad_partition: float | None = None,
 ) -> EngineStates:
-    """What DeepSpeed 0.19.8 allocates for `psi` parameters sharded over `n` ranks (one parameter group)."""
+    """What DeepSpeed 0.19.8 allocates for `psi` parameters sharded over `n` ranks (one parameter group).
+
+    `grad_partition`: the exact ZeRO-1/2 gradient buffer of the most loaded rank (every tensor its range
+    touches, in full; :func:`toolkit.params.zero_grad_partition`) when the tensor list is known, else the
+    even share.
+    """
     b = 4 if layout.precision == "fp32" else 2
     stage, gas = layout.zero_stage, layout.gradient_accumulation_steps
     off_opt, off_param = layout.offload_optimizer != "none", layout.offload_param != "none"
@@ -116,7 +127,8 @@ def engine_states(
         if off_opt:
             host = (16 + b) * part + b * largest_param + (b * part if gas > 1 else 0)
             return EngineStates(b * flat, 0, 0, b * largest_param, host, 0, 0)
-        grads = b * psi if (stage == 1 and gas > 1) else b * part * (2 if stage == 2 and gas > 1 else 1)
+        held = grad_partition if grad_partition is not None else part
+        grads = b * psi if (stage == 1 and gas > 1) else b * held * (2 if stage == 2 and gas > 1 else 1)
         transient = 4 * part + (b * part if b == 2 else 0)
         return EngineStates(b * flat, 4 * part, 8 * part, grads, 0, 0, transient)
     shard = psi / n
@@ -217,10 +229,13 @@ def stage_memory(
     rank: RankParams,
     activations: float,
     largest_param: float,
+    grad_partition: float | None = None,
 ) -> Memory:
     """Peak memory of one rank of a stage that owns `rank` parameters and keeps `activations` bytes."""
     stage = layout.zero_stage
-    dense = engine_states(rank.dense, layout.dp, layout, knobs, rank.persistent, largest_param)
+    dense = engine_states(
+        rank.dense, layout.dp, layout, knobs, rank.persistent, largest_param, grad_partition
+    )
     expert = engine_states(rank.expert, layout.expert_dp, layout, knobs, 0, largest_param)
     engine = _sum_states(dense, expert)
     paper = [

@@ -161,3 +161,66 @@ def count_params(spec: ModelSpec) -> ParamCount:
         num_experts=spec.num_experts,
         moe_top_k=spec.moe_top_k,
     )
+
+
+@lru_cache(maxsize=64)
+def tensor_numels(spec: ModelSpec) -> tuple[int, ...]:
+    """Sizes of the HF model's parameter tensors in `model.parameters()` order (tied weights once).
+
+    DeepSpeed's ZeRO-1/2 flatten the parameters in this order and cut the flat buffer into equal partitions,
+    so a rank's gradient buffer holds every tensor its range touches in full; this order lets the estimate
+    say exactly how much that is.
+    """
+    h, d, f = spec.hidden_size, spec.head_dim, spec.ffn_hidden_size
+    q, kv = spec.n_heads * d, spec.n_kv_heads * d
+    bias = spec.attention_bias
+
+    def norm() -> list[int]:
+        return [h, h] if spec.norm == "layernorm" else [h]
+
+    out: list[int] = []
+    if spec.architecture in ("gpt2", "bloom"):
+        out.append(spec.vocab_size * h)
+        out += [spec.max_position_embeddings * h] if spec.position_embedding == "learned" else []
+        out += norm() if spec.embedding_norm else []
+        for _ in range(spec.n_layers):
+            out += norm() + [h * (q + 2 * kv)] + ([q + 2 * kv] if bias else []) + [q * h]
+            out += [h] if spec.attention_out_bias else []
+            out += (
+                norm() + [h * f] + ([f] if spec.mlp_bias else []) + [f * h] + ([h] if spec.mlp_bias else [])
+            )
+        out += norm()
+    else:
+        out.append(spec.vocab_size * h)
+        for j in range(spec.n_layers):
+            out += [h * q] + ([q] if bias else []) + [h * kv] + ([kv] if bias else [])
+            out += [h * kv] + ([kv] if bias else []) + [q * h] + ([h] if spec.attention_out_bias else [])
+            if spec.is_moe and (j + 1) % spec.moe_layer_interval == 0:
+                e, fe = spec.num_experts, spec.moe_ffn_hidden_size
+                out += [h * e, e * 2 * fe * h, e * h * fe]
+            else:
+                for _ in range(3 if spec.gated_mlp else 2):
+                    out += [h * f] + ([f] if spec.mlp_bias else [])
+            out += norm() + norm()
+        out += norm()
+    if not spec.tied_embeddings:
+        out.append(spec.vocab_size * h)
+    return tuple(out)
+
+
+@lru_cache(maxsize=1024)
+def zero_grad_partition(numels: tuple[int, ...], ranks: int) -> int:
+    """Largest per-rank ZeRO-1/2 gradient buffer: the tensors each rank's flat range touches, in full
+    (deepspeed/runtime/zero/stage_1_and_2.py sizes `grads_in_partition` this way), plus the last rank's
+    alignment padding."""
+    total = sum(numels)
+    flat = -(-total // (2 * ranks)) * 2 * ranks
+    part = flat // ranks
+    offset, spans = 0, [0] * ranks
+    for n in numels:
+        first, last = offset // part, min((offset + n - 1) // part, ranks - 1)
+        for r in range(first, last + 1):
+            spans[r] += n
+        offset += n
+    spans[-1] += flat - total
+    return max(spans)

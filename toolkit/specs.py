@@ -258,6 +258,12 @@ class ClusterSpec(BaseModel):
     """Board power per accelerator under training load, W (for energy estimates)."""
     kernel_launch_us: float = Field(default=5, ge=0)
     """Host-side cost of issuing one kernel (or, on CPU, one eager op); small models are bound by it."""
+    launcher: Literal["pdsh", "openmpi", "mvapich", "slurm", "mpich", "impi"] = "pdsh"
+    """Backend the `deepspeed` launcher uses to start ranks on other nodes."""
+    network_interface: str | None = None
+    """NIC for NCCL/gloo bootstrap (exported as NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME), e.g. ib0."""
+    master_addr: str | None = None
+    """Address of the rank-0 node (default: the first hostname)."""
     framework_overhead_gib: float = Field(default=1.0, ge=0)
     """Memory per rank the engine holds before any tensor: CUDA context, NCCL/gloo buffers, allocator reserve."""
 

@@ -16,7 +16,7 @@ import copy
 from collections.abc import Iterator
 from typing import Any
 
-from toolkit.ds_config import DSTK_OPTIMIZER_KEY
+from toolkit.ds_config import DSTK_KEY
 
 # Top-level keys DeepSpeed 0.19.8 reads (runtime/config.py and deepspeed.initialize), plus dstk's own block.
 KNOWN_TOP_LEVEL = frozenset(
@@ -72,7 +72,7 @@ KNOWN_TOP_LEVEL = frozenset(
         "sequence_parallel_size",
         "data_parallel_size",
         "vocabulary_size",
-        DSTK_OPTIMIZER_KEY,
+        DSTK_KEY,
     }
 )
 DSTK_OPTIMIZERS = ("onebit-adam", "zero-one-adam")
@@ -175,14 +175,17 @@ def _dstk_checks(cfg: dict[str, Any], world_size: int, accelerator: str | None) 
     )
     if offload_opt not in (None, "none") and stage == 0:
         problems.append("zero_optimization.offload_optimizer: needs stage 1, 2 or 3 (got 0)")
-    if DSTK_OPTIMIZER_KEY in cfg:
-        kind = (cfg[DSTK_OPTIMIZER_KEY] or {}).get("type")
+    dstk_optimizer = (
+        (cfg.get(DSTK_KEY) or {}).get("optimizer") if isinstance(cfg.get(DSTK_KEY), dict) else None
+    )
+    if dstk_optimizer is not None:
+        kind = dstk_optimizer.get("type") if isinstance(dstk_optimizer, dict) else None
         if kind not in DSTK_OPTIMIZERS:
-            problems.append(f"{DSTK_OPTIMIZER_KEY}.type: {kind!r} is not one of {', '.join(DSTK_OPTIMIZERS)}")
+            problems.append(f"{DSTK_KEY}.optimizer.type: {kind!r} is not one of {', '.join(DSTK_OPTIMIZERS)}")
         if stage != 0 or pp > 1:
-            problems.append(f"{DSTK_OPTIMIZER_KEY}: {kind} needs zero_optimization.stage 0 and no pipeline")
+            problems.append(f"{DSTK_KEY}.optimizer: {kind} needs zero_optimization.stage 0 and no pipeline")
         if "optimizer" in cfg:
-            problems.append(f"optimizer: remove it; {DSTK_OPTIMIZER_KEY} already names the optimizer")
+            problems.append(f"optimizer: remove it; {DSTK_KEY}.optimizer already names the optimizer")
     if accelerator == "cpu" and (cfg.get("fp16") or {}).get("enabled"):
         problems.append("fp16.enabled: the CPU accelerator does not support fp16 (use bf16 or fp32)")
     batch = _batch_problem(cfg, world_size)

@@ -20,6 +20,13 @@ VERBS: dict[str, tuple[str, str]] = {
         "Write the DeepSpeed config (or HF Trainer / Accelerate / Megatron settings) for a layout.",
     ),
     "validate": ("validate", "Check a DeepSpeed config with DeepSpeed's own classes for a world size."),
+    "launch": (
+        "launch",
+        "Write the hostfile and run (or print) the deepspeed launcher command for dstk train.",
+    ),
+    "data": ("data", "Generate a demo corpus, or prepare text files into packed training sequences."),
+    "export": ("export", "Write a consolidated HF save_pretrained directory from a checkpoint."),
+    "train": ("train", "Train on the ranks a launcher started (what dstk launch runs on every rank)."),
     "presets": ("presets", "List model and cluster presets with their key figures."),
     "env": ("env", "Show library versions and the accelerator (stamped into benchmark results)."),
 }

@@ -1,0 +1,109 @@
+"""Run real multi-process DeepSpeed jobs from tests: through `dstk launch` (the user's path) on free ports.
+
+Every test that needs several ranks goes through `launch()`; the JIT op cache lives in `.venv` (Makefile and
+conftest set TORCH_EXTENSIONS_DIR), so only the first launch of a fresh checkout builds DeepSpeed's ops.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.cli import REPO
+
+TEST_MODEL = str(REPO / "tests" / "models" / "tiny-test-gpt2.yaml")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Job:
+    code: int
+    output: str
+    run_dir: Path
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return json.loads((self.run_dir / "summary.json").read_text())
+
+
+def dstk_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "toolkit.cli", *args]
+
+
+def launch(
+    run_dir: Path,
+    config: Path,
+    train_args: list[str],
+    ranks: int = 2,
+    timeout: float = 900,
+    launch_args: list[str] | None = None,
+) -> Job:
+    """`dstk launch --cluster cpu` with `ranks` ranks, running dstk train with `train_args`."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cmd = dstk_cmd(
+        "launch",
+        "--cluster",
+        "cpu",
+        "--gpus-per-node",
+        str(ranks),
+        "--config",
+        str(config),
+        "--run-dir",
+        str(run_dir / "launch"),
+        "--master-port",
+        str(free_port()),
+        *(launch_args or []),
+        "--",
+        "--run-dir",
+        str(run_dir),
+        "--no-progress",
+        *train_args,
+    )
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=os.environ.copy()
+    )
+    return Job(proc.returncode, proc.stdout + proc.stderr, run_dir)
+
+
+def run_script(
+    script: Path, args: list[str], ranks: int = 2, timeout: float = 900
+) -> subprocess.CompletedProcess:
+    """A test script under the deepspeed launcher (for checks that need to stop between build and initialize)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "deepspeed.launcher.runner",
+        "--num_gpus",
+        str(ranks),
+        "--master_port",
+        str(free_port()),
+        "--no_local_rank",
+        str(script),
+        *args,
+    ]
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=os.environ.copy()
+    )
+
+
+def config(path: Path, *args: str) -> Path:
+    """`dstk config --cluster cpu ... -o path` (checked by DeepSpeed's classes as always)."""
+    proc = subprocess.run(
+        dstk_cmd("config", "--cluster", "cpu", *args, "-o", str(path)),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return path

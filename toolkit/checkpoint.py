@@ -1,0 +1,198 @@
+"""Crash-safe checkpoints around `engine.save_checkpoint` / `engine.load_checkpoint`.
+
+A checkpoint is `CKPT_DIR/stepNNNNNNNN/`: DeepSpeed's own files, one `dstk_rank{r}.pt` per rank (RNG states,
+data position), and `dstk_manifest.json`, written last by rank 0, after every rank finished, atomically
+(write to a temporary file, fsync, rename). The manifest lists every file with its size and SHA-256. A
+directory without a manifest, or whose files no longer match it, is never loaded: loading walks back to the
+newest complete checkpoint and says what it skipped. DeepSpeed's own `latest` file is not written (it would
+point at a half-written checkpoint after a crash). The directory must be on storage every rank sees.
+Loading a checkpoint unpickles it (`torch.load`): only load checkpoints you wrote or trust.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "dstk_manifest.json"
+POINTER = "latest_complete"
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a resumed run picks up: the checkpoint and the state dstk saved with it."""
+
+    tag: str
+    step: int
+    position: int
+    client_state: dict[str, Any]
+
+
+def tag_for(step: int) -> str:
+    return f"step{step:08d}"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def write_manifest(tag_dir: Path, info: dict[str, Any]) -> None:
+    files = {
+        str(p.relative_to(tag_dir)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+        for p in sorted(tag_dir.rglob("*"))
+        if p.is_file() and p.name != MANIFEST and not p.name.startswith(".")
+    }
+    manifest = {**info, "files": files, "written_at": time.time()}
+    _atomic_write(tag_dir / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
+
+
+def check(tag_dir: Path, verify_hashes: bool = True) -> str | None:
+    """Why `tag_dir` is not a complete checkpoint, or None when it is."""
+    path = tag_dir / MANIFEST
+    if not path.is_file():
+        return "no manifest (the save did not finish)"
+    try:
+        manifest = json.loads(path.read_text())
+        files = manifest["files"]
+    except (OSError, ValueError, KeyError) as exc:
+        return f"unreadable manifest ({exc.__class__.__name__})"
+    for name, meta in files.items():
+        f = tag_dir / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != meta["bytes"]:
+            return f"{name} has {f.stat().st_size} bytes, the manifest says {meta['bytes']}"
+        if verify_hashes and _sha256(f) != meta["sha256"]:
+            return f"{name} does not match its SHA-256"
+    return None
+
+
+def complete_tags(ckpt_dir: Path, log: Any = None) -> list[str]:
+    """Complete checkpoint tags, newest first; incomplete ones are reported through `log`."""
+    if not ckpt_dir.is_dir():
+        return []
+    out = []
+    for tag_dir in sorted(
+        (p for p in ckpt_dir.iterdir() if p.is_dir() and p.name.startswith("step")), reverse=True
+    ):
+        problem = check(tag_dir)
+        if problem is None:
+            out.append(tag_dir.name)
+        elif log is not None:
+            log(f"checkpoint {tag_dir}: skipped, {problem}")
+    return out
+
+
+def prune(ckpt_dir: Path, keep: int) -> None:
+    """Keep the newest `keep` complete checkpoints; drop older ones and incomplete leftovers older than them."""
+    tags = complete_tags(ckpt_dir)
+    if keep <= 0 or not tags:
+        return
+    keep_set = set(tags[:keep])
+    oldest_kept = min(keep_set)
+    for tag_dir in ckpt_dir.iterdir():
+        old = tag_dir.name not in keep_set and (tag_dir.name < oldest_kept or tag_dir.name in tags)
+        if tag_dir.is_dir() and tag_dir.name.startswith("step") and old:
+            shutil.rmtree(tag_dir, ignore_errors=True)
+
+
+class Checkpointer:
+    """Save and restore a DeepSpeed engine together with dstk's training position."""
+
+    def __init__(self, ckpt_dir: Path, rank: int, keep: int = 3, log: Any = print) -> None:
+        self.dir, self.rank, self.keep, self.log = Path(ckpt_dir), rank, keep, log
+
+    def save(
+        self,
+        engine: Any,
+        step: int,
+        position: int,
+        extra: dict[str, Any],
+        rank_state: dict[str, Any],
+        fault_after_first_shard: bool = False,
+    ) -> Path:
+        import torch
+        import torch.distributed as dist
+
+        tag = tag_for(step)
+        tag_dir = self.dir / tag
+        if self.rank == 0 and tag_dir.exists():
+            shutil.rmtree(tag_dir)  # a leftover from a crashed attempt at this very step
+        dist.barrier()
+        client_state = {"dstk": {"step": step, "position": position, **extra}}
+        engine.save_checkpoint(str(self.dir), tag=tag, client_state=client_state, save_latest=False)
+        if fault_after_first_shard:  # test-only: die as if the node failed mid-save
+            os._exit(17)
+        rank_file = tag_dir / f"dstk_rank{self.rank}.pt"
+        tmp = rank_file.with_name(f".{rank_file.name}.tmp")
+        torch.save(rank_state, tmp)
+        tmp.replace(rank_file)
+        dist.barrier()
+        if self.rank == 0:
+            write_manifest(
+                tag_dir,
+                {
+                    "tag": tag,
+                    "step": step,
+                    "position": position,
+                    "world_size": dist.get_world_size(),
+                    **extra,
+                },
+            )
+            _atomic_write(self.dir / POINTER, (tag + "\n").encode())
+            prune(self.dir, self.keep)
+        dist.barrier()
+        return tag_dir
+
+    def latest(self) -> str | None:
+        """The newest complete tag, agreed by all ranks (rank 0 decides)."""
+        import torch.distributed as dist
+
+        box = [None]
+        if self.rank == 0:
+            tags = complete_tags(self.dir, self.log)
+            box = [tags[0] if tags else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def load(self, engine: Any, tag: str, load_optimizer_states: bool = True) -> Resume:
+        import torch
+
+        path, client_state = engine.load_checkpoint(
+            str(self.dir), tag=tag, load_optimizer_states=load_optimizer_states, load_lr_scheduler_states=True
+        )
+        if path is None:
+            raise RuntimeError(f"DeepSpeed could not load checkpoint {self.dir / tag}")
+        state = (client_state or {}).get("dstk", {})
+        rank_file = self.dir / tag / f"dstk_rank{self.rank}.pt"
+        rank_state = torch.load(rank_file, weights_only=False) if rank_file.is_file() else {}
+        return Resume(
+            tag=tag,
+            step=int(state.get("step", 0)),
+            position=int(state.get("position", 0)),
+            client_state={**state, "rank_state": rank_state},
+        )

@@ -1,0 +1,54 @@
+"""Build the HF model a model description names, ready for the DeepSpeed engine.
+
+ZeRO-3 models are built the way transformers' own DeepSpeed integration builds them: an `HfDeepSpeedConfig`
+kept alive while `from_config`/`from_pretrained` runs makes transformers construct every module inside
+`deepspeed.zero.Init`, so parameters are partitioned as they are created and no rank ever holds the whole
+model, and it initialises weights under `GatheredParameters`; the process must have called
+`toolkit.runtime.keep_large_blocks_in_mmap()` early for host memory to follow. (Constructing `GPT2LMHeadModel(config)` inside
+a bare `zero.Init` skips HF's weight init: the first loss is ≈ 42 instead of ln(vocab).)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from toolkit.errors import UserError
+from toolkit.hf_config import to_hf_config
+from toolkit.specs import ModelSpec
+
+
+def hf_config(spec: ModelSpec) -> Any:
+    """The transformers config object for `spec` (attention through SDPA, which every supported family has)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(**to_hf_config(spec))
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def build_model(spec: ModelSpec, ds_config: dict[str, Any], init_from: Path | None = None) -> Any:
+    """A causal LM for `spec`: random init, or the weights of a local `save_pretrained` directory."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    keepalive = None
+    if ds_config.get("zero_optimization", {}).get("stage", 0) == 3:
+        from transformers.integrations import HfDeepSpeedConfig
+
+        # transformers holds only a weak reference: the object must live as long as the model
+        keepalive = HfDeepSpeedConfig(ds_config)
+    dtype = torch.float32  # the engine casts to bf16/fp16 itself and keeps fp32 masters
+    if init_from is not None:
+        if not (Path(init_from) / "config.json").is_file():
+            raise UserError(
+                f"--init-from: {init_from} has no config.json (expected a save_pretrained directory)"
+            )
+        model = AutoModelForCausalLM.from_pretrained(init_from, dtype=dtype, attn_implementation="sdpa")
+    else:
+        model = AutoModelForCausalLM.from_config(hf_config(spec), dtype=dtype)
+    model._dstk_hf_deepspeed_config = keepalive
+    # transformers infers the loss from the class name; GPT2LMHeadModel has no "ForCausalLM" in it and every
+    # rank would warn on every forward
+    model.loss_type = "ForCausalLM"
+    return model

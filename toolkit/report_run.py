@@ -1,0 +1,74 @@
+"""The end of a run: what it measured, beside what `dstk estimate` predicted for the same layout."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from toolkit.layout import Layout
+
+
+def summarize(trainer: Any, run: Any, layout: Layout) -> dict[str, Any]:
+    """Gather the measurements of every rank; rank 0 writes `summary.json` and prints the comparison."""
+    meter = trainer.meter
+    step_s = meter.step_time_s
+    summary: dict[str, Any] = {
+        "model": run.model.name,
+        "layout": layout.model_dump(),
+        "world_size": trainer.rt.world_size,
+        "accelerator": trainer.rt.accelerator,
+        "final_step": trainer.step,
+        "data_position": trainer.position,
+        "losses": trainer.record.losses,
+        "evals": trainer.record.evals,
+        "step_time_s": step_s,
+        "step_times_s": meter.step_times,
+        **meter.rates(step_s),
+        "peak_memory_bytes": trainer.peak_memory(),
+        "model_state_bytes": trainer.record.model_states,
+        "checkpoint_dir": str(run.checkpoint_dir) if run.checkpoint_dir else None,
+    }
+    if run.cluster is not None:
+        from toolkit.estimate import estimate
+
+        predicted = estimate(run.model, run.cluster, layout).to_dict()
+        summary["predicted"] = predicted
+    if trainer.rt.is_main:
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+        (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        print_comparison(summary)
+    return summary
+
+
+def _row(name: str, measured: float, predicted: float | None, fmt: str) -> str:
+    if predicted is None or predicted == 0:
+        return f"  {name:<34}{format(measured, fmt):>14}{'-':>14}{'-':>9}"
+    return f"  {name:<34}{format(measured, fmt):>14}{format(predicted, fmt):>14}{measured / predicted:>9.2f}"
+
+
+def print_comparison(s: dict[str, Any]) -> None:
+    p = s.get("predicted") or {}
+    mem = p.get("memory_per_gpu_bytes", {})
+    engine = p.get("engine_model_states_bytes", {})
+    states = s["model_state_bytes"].get("after_backward") or [0]
+    lines = [
+        f"Measured vs predicted ({s['model']}, {s['world_size']} ranks, {s['accelerator']}):",
+        f"  {'':<34}{'measured':>14}{'predicted':>14}{'ratio':>9}",
+        _row("step time (s)", s["step_time_s"], p.get("step_time_s"), ".4g"),
+        _row("tokens/s", s["tokens_per_s"], p.get("tokens_per_s"), ",.0f"),
+        _row("TFLOP/s per rank", s["tflops_per_gpu"], p.get("tflops_per_gpu"), ".4g"),
+        _row(
+            "peak memory per rank (GB)",
+            max(s["peak_memory_bytes"]) / 1e9,
+            mem.get("total", 0) / 1e9 or None,
+            ".3f",
+        ),
+        _row("model states per rank (MB)", max(states) / 1e6, engine.get("total", 0) / 1e6 or None, ".2f"),
+    ]
+    if s["losses"]:
+        lines.append(
+            f"  loss: {s['losses'][0]:.4f} (step 1) -> {s['losses'][-1]:.4f} (step {s['final_step']})"
+        )
+    if s.get("checkpoint_dir"):
+        lines.append(f"  checkpoints: {s['checkpoint_dir']}")
+    print("\n".join(lines), flush=True)
