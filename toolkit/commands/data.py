@@ -1,31 +1,152 @@
-"""`dstk data`: `generate` a synthetic demo corpus; `prepare` raw text into packed training sequences."""
+"""`dstk data`: `generate` a synthetic demo corpus; `prepare` raw text into packed training sequences.
+
+The threshold flags of `prepare` are derived from the pydantic fields they set (name, type, choices, help,
+default), so the help text and the pipeline's defaults cannot drift apart.
+"""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
-from toolkit.commands import OneLineParser
+from toolkit.commands import OneLineParser, _choices
+
+SOURCE = "data prepare"
+
+
+def _option_models() -> tuple[Any, ...]:
+    from toolkit.data.options import DedupOptions, QualityFilter
+
+    return QualityFilter, DedupOptions
+
+
+def _flag(name: str) -> str:
+    return f"--{name.replace('_', '-')}"
+
+
+def _add_model_flags(group: Any, model: Any, exclude: tuple[str, ...] = ()) -> None:
+    for name, field in model.model_fields.items():
+        if name in exclude:
+            continue
+        kind, choices = _choices(field.annotation)
+        group.add_argument(
+            _flag(name),
+            dest=name,
+            type=kind,
+            choices=choices,
+            metavar=None if choices else ("N" if kind is int else "X"),
+            help=f"{field.description.rstrip('.')} (default: {field.default})",
+        )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from toolkit.data.options import PrepareOptions
+
     sub = parser.add_subparsers(dest="data_verb", metavar="ACTION", required=True, parser_class=OneLineParser)
     gen = sub.add_parser("generate", help="write the generated demo corpus (JSONL per domain)")
     gen.add_argument("--out", type=Path, required=True, metavar="DIR")
     gen.add_argument("--docs-per-domain", type=int, default=2000, metavar="N")
     gen.add_argument("--seed", type=int, default=0)
-    prep = sub.add_parser("prepare", help="tokenize and pack text files for dstk train")
+    prep = sub.add_parser("prepare", help="clean, filter, deduplicate, mix, tokenize and pack text files")
     prep.add_argument(
-        "--input", type=Path, nargs="+", required=True, metavar="PATH", help="JSONL or text files"
+        "--input",
+        type=Path,
+        nargs="+",
+        required=True,
+        metavar="PATH",
+        help="JSONL or text files, or directories of them; the domain is a line's `domain` field, else the file stem",
     )
     prep.add_argument("--out", type=Path, required=True, metavar="DIR")
     prep.add_argument("--seq-length", type=int, default=128, metavar="N", help="tokens per training sequence")
     which = prep.add_mutually_exclusive_group(required=True)
     which.add_argument("--tokenizer", type=Path, metavar="DIR", help="a local HF tokenizer directory")
     which.add_argument(
-        "--train-tokenizer", type=int, metavar="VOCAB", help="train a byte-level BPE of this size"
+        "--train-tokenizer",
+        type=int,
+        metavar="VOCAB",
+        help="train a byte-level BPE of this size on the kept text",
     )
-    prep.add_argument("--seed", type=int, default=0)
+    prep.add_argument("--seed", type=int, default=0, help="mixing and shuffling seed (default: 0)")
+    prep.add_argument(
+        "--validation-fraction",
+        type=float,
+        default=0.02,
+        metavar="F",
+        help="share of documents held out, chosen by a hash of their text (default: 0.02)",
+    )
+    fields = PrepareOptions.model_fields
+    shard = fields["max_shard_mb"]
+    prep.add_argument(
+        "--max-shard-mb",
+        type=int,
+        metavar="MB",
+        help=f"{shard.description.rstrip('.')} (default: {shard.default})",
+    )
+    sample = fields["tokenizer_sample_mb"]
+    prep.add_argument(
+        "--tokenizer-sample-mb",
+        type=float,
+        metavar="MB",
+        help=f"{sample.description.rstrip('.')} (default: {sample.default})",
+    )
+    clean = prep.add_argument_group("cleaning and filters")
+    clean.add_argument(
+        "--boilerplate",
+        type=Path,
+        metavar="FILE",
+        help="regexes, one per line, replacing the default boilerplate rules (cookie policy, all rights reserved, ...)",
+    )
+    clean.add_argument("--languages", metavar="LIST", help=f"e.g. en,de. {fields['languages'].description}")
+    quality, dedup = _option_models()
+    _add_model_flags(clean, quality)
+    _add_model_flags(prep.add_argument_group("deduplication"), dedup)
+    mix = prep.add_argument_group("domain mixture")
+    mix.add_argument(
+        "--mix",
+        metavar="SPEC",
+        help="target token share per domain, e.g. web=0.6,code=0.3,books=0.1 (normalised; larger domains are cut)",
+    )
+    mix.add_argument(
+        "--temperature",
+        type=float,
+        metavar="T",
+        help="without --mix: weights ∝ tokens^(1/T) (XLM/mT5 temperature sampling; default: 1, natural shares)",
+    )
+
+
+def prepare_options(args: argparse.Namespace) -> Any:
+    """The PrepareOptions the flags ask for; bad values become one UserError line naming the flag."""
+    from toolkit.data.clean import DEFAULT_BOILERPLATE, load_boilerplate
+    from toolkit.data.mix import parse_mix
+    from toolkit.data.options import PrepareOptions
+    from toolkit.errors import UserError
+    from toolkit.load import build
+
+    sub = {}
+    for model in _option_models():
+        given = {n: getattr(args, n) for n in model.model_fields if getattr(args, n, None) is not None}
+        sub[model] = build(model, given, SOURCE, labels={n: _flag(n) for n in model.model_fields})
+    quality, dedup = (sub[m] for m in _option_models())
+    if args.mix is not None and args.temperature is not None:
+        raise UserError("--mix/--temperature: give one (explicit weights, or temperature sampling)")
+    languages = None
+    if args.languages is not None:
+        languages = tuple(t.strip().lower() for t in args.languages.split(",") if t.strip())
+        if not languages:
+            raise UserError(f"--languages: {args.languages!r} names no language (e.g. --languages en,de)")
+    given = {
+        "quality": quality,
+        "dedup": dedup,
+        "boilerplate": load_boilerplate(args.boilerplate) if args.boilerplate else DEFAULT_BOILERPLATE,
+        "languages": languages,
+        "mix": parse_mix(args.mix) if args.mix is not None else None,
+        "temperature": args.temperature,
+        "max_shard_mb": args.max_shard_mb,
+        "tokenizer_sample_mb": args.tokenizer_sample_mb,
+    }
+    labels = {n: _flag(n) for n in ("temperature", "max_shard_mb", "tokenizer_sample_mb")}
+    return build(PrepareOptions, {k: v for k, v in given.items() if v is not None}, SOURCE, labels=labels)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,10 +172,15 @@ def run(args: argparse.Namespace) -> int:
         args.seq_length,
         tokenizer=args.tokenizer,
         vocab_size=args.train_tokenizer,
+        validation_fraction=args.validation_fraction,
         seed=args.seed,
+        options=prepare_options(args),
     )
+    dropped = ", ".join(f"{n} {reason}" for reason, n in manifest["dropped"].items() if n) or "none"
+    kept = sum(manifest["documents"].values())
     print(
         f"wrote {args.out}: {manifest['rows']['train']} training and {manifest['rows']['validation']} validation "
-        f"sequences of {args.seq_length} tokens, vocabulary {manifest['vocab_size']}"
+        f"sequences of {args.seq_length} tokens, vocabulary {manifest['vocab_size']}; "
+        f"{kept} of {manifest['stages'][0]['in']} documents kept (dropped: {dropped})"
     )
     return 0

@@ -1,0 +1,75 @@
+"""The settings of `dstk data prepare`, as frozen pydantic models (only pydantic and the standard library are
+imported, so building the CLI parser stays fast). The CLI derives its threshold flags from these fields."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from toolkit.data.clean import DEFAULT_BOILERPLATE
+
+_STRICT = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+
+class QualityFilter(BaseModel):
+    """Thresholds of the quality filters; a document failing several is counted under the first in `REASONS`."""
+
+    model_config = _STRICT
+
+    min_words: int = Field(default=5, ge=0)
+    """Fewest words a document may have (Gopher: 50)."""
+    max_words: int = Field(default=100_000, gt=0)
+    """Most words a document may have (Gopher: 100,000)."""
+    max_symbol_ratio: float = Field(default=1.0, gt=0)
+    """Most non-alphanumeric, non-space characters per alphabetic character."""
+    max_repetition: float = Field(default=0.15, gt=0, le=1)
+    """Largest share of characters in word n-grams that occur more than once (Gopher, 5-grams: 0.15)."""
+    repetition_ngram: int = Field(default=5, ge=2)
+    """n of the repeated word n-grams measured by --max-repetition."""
+    repetition_min_words: int = Field(default=50, ge=0)
+    """Shorter documents skip the repetition filter (Gopher measured it on documents of >= 50 words)."""
+
+    @model_validator(mode="after")
+    def _check_range(self) -> QualityFilter:
+        if self.min_words > self.max_words:
+            raise ValueError(f"--min-words({self.min_words}) > --max-words({self.max_words})")
+        return self
+
+
+class DedupOptions(BaseModel):
+    """Which duplicates to remove, and the MinHash LSH parameters of the near-duplicate pass."""
+
+    model_config = _STRICT
+
+    dedup: Literal["none", "exact", "near"] = "none"
+    """none; exact (identical cleaned text); or near (exact, then MinHash LSH on word shingles). Off by
+    default because the demo corpus repeats its 100 code snippets, and `make demo` trains on all of them."""
+    shingle_size: int = Field(default=5, ge=1)
+    """Words per shingle for the near-duplicate pass."""
+    near_threshold: float = Field(default=0.8, gt=0, lt=1)
+    """Jaccard similarity of shingle sets above which documents count as near duplicates."""
+    num_perm: int = Field(default=128, ge=16, le=1024)
+    """MinHash permutations per document (more: sharper threshold, slower)."""
+
+
+class PrepareOptions(BaseModel):
+    """Everything between reading and packing; the defaults keep every document of the demo corpus."""
+
+    model_config = _STRICT
+
+    boilerplate: tuple[str, ...] = DEFAULT_BOILERPLATE
+    """Regexes (case-insensitive); lines matching one are removed."""
+    languages: tuple[str, ...] | None = None
+    """Keep documents whose `lang`/`language` field is one of these; untagged documents are kept."""
+    quality: QualityFilter = QualityFilter()
+    dedup: DedupOptions = DedupOptions()
+    mix: dict[str, float] | None = None
+    """Target token share per domain (see toolkit.data.mix.parse_mix); None: temperature sampling."""
+    temperature: float = Field(default=1.0, gt=0)
+    """Without a mix: domain weights ∝ tokens^(1/T); 1 keeps the natural proportions."""
+    tokenizer_sample_mb: float = Field(default=200, gt=0)
+    """--train-tokenizer learns from every k-th kept document, k chosen so that about this much text (MB)
+    is read: BPE training memory grows with the number of distinct words, not the corpus."""
+    max_shard_mb: float = Field(default=100, gt=0)
+    """Largest Arrow shard of a split in MB (1e6 bytes); larger splits are written as several shards."""
