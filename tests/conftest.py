@@ -62,3 +62,65 @@ def init_weights(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     build_model(load_model(TEST_MODEL), {}).save_pretrained(out)
     return out
+
+
+STEPS = 10
+
+
+def train_args(data: Path, steps: int, *extra: str) -> list[str]:
+    from tests.distributed import TEST_MODEL
+
+    return ["--model", TEST_MODEL, "--data", str(data), "--steps", str(steps), "--log-every", "1", *extra]
+
+
+def zero_config(path: Path, stage: int, *extra: str) -> Path:
+    """The fp32 config every exactness test shares: micro 4, global 8, lr 3e-3 over 10 steps."""
+    from tests.distributed import TEST_MODEL, config
+
+    return config(
+        path,
+        "--model",
+        TEST_MODEL,
+        "--zero-stage",
+        str(stage),
+        "--precision",
+        "fp32",
+        "--micro-batch",
+        "4",
+        "--global-batch",
+        "8",
+        "--lr",
+        "3e-3",
+        "--train-steps",
+        str(STEPS),
+        "--warmup-steps",
+        "2",
+        "--log-dir",
+        str(path.parent / f"logs-{path.stem}"),
+        *extra,
+    )
+
+
+@pytest.fixture(scope="session")
+def zero_runs(tmp_path_factory, prepared_data, init_weights):
+    """ZeRO stages 0-3 in fp32 from the same weights on the same data: 10 steps each, checkpointed."""
+    from tests.distributed import launch
+
+    root = tmp_path_factory.mktemp("zero")
+    jobs = {}
+    for stage in range(4):
+        cfg = zero_config(root / f"z{stage}.json", stage)
+        jobs[stage] = launch(
+            root / f"run{stage}",
+            cfg,
+            train_args(
+                prepared_data,
+                STEPS,
+                "--init-from",
+                str(init_weights),
+                "--checkpoint-dir",
+                str(root / f"ckpt{stage}"),
+            ),
+        )
+        assert jobs[stage].code == 0, jobs[stage].output[-3000:]
+    return jobs

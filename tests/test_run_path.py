@@ -11,57 +11,11 @@ import math
 import pytest
 
 from tests.cli import REPO
+from tests.conftest import STEPS, train_args, zero_config
 from tests.distributed import TEST_MODEL, config, launch, run_script
 
 pytestmark = pytest.mark.multiprocess
-STEPS = 10
-
-
-def _train_args(data, steps: int, *extra: str) -> list[str]:
-    return ["--model", TEST_MODEL, "--data", str(data), "--steps", str(steps), "--log-every", "1", *extra]
-
-
-@pytest.fixture(scope="session")
-def zero_runs(tmp_path_factory, prepared_data, init_weights):
-    """ZeRO stages 0-3 in fp32 from the same weights on the same data: 10 steps each, checkpointed."""
-    root = tmp_path_factory.mktemp("zero")
-    jobs = {}
-    for stage in range(4):
-        cfg = config(
-            root / f"z{stage}.json",
-            "--model",
-            TEST_MODEL,
-            "--zero-stage",
-            str(stage),
-            "--precision",
-            "fp32",
-            "--micro-batch",
-            "4",
-            "--global-batch",
-            "8",
-            "--lr",
-            "3e-3",
-            "--train-steps",
-            str(STEPS),
-            "--warmup-steps",
-            "2",
-            "--log-dir",
-            str(root / f"logs{stage}"),
-        )
-        jobs[stage] = launch(
-            root / f"run{stage}",
-            cfg,
-            _train_args(
-                prepared_data,
-                STEPS,
-                "--init-from",
-                str(init_weights),
-                "--checkpoint-dir",
-                str(root / f"ckpt{stage}"),
-            ),
-        )
-        assert jobs[stage].code == 0, jobs[stage].output[-3000:]
-    return jobs
+_train_args = train_args
 
 
 def test_zero_stages_are_the_same_computation(zero_runs) -> None:
@@ -203,3 +157,37 @@ def test_zero3_construction_never_materialises_the_model(tmp_path) -> None:
         assert r["n_params"] >= 200e6 and r["all_partitioned"]
         assert r["rss_growth_bytes"] < 0.6 * r["fp32_bytes"], r
         assert abs(r["first_loss"] - math.log(2048)) < 0.6, r
+
+
+def test_onebit_adam_through_dstk_train(tmp_path, prepared_data, init_weights) -> None:
+    """dstk config --optimizer onebit-adam → dstk train wires dstk's own 1-bit Adam into the engine; a resume
+    from the step-6 checkpoint (error-feedback buffers in dstk's rank files) continues identically."""
+    cfg = zero_config(tmp_path / "onebit.json", 0, "--optimizer", "onebit-adam", "--freeze-step", "4")
+    assert json.loads(cfg.read_text())["dstk"]["optimizer"]["type"] == "onebit-adam"
+    ckpt = str(tmp_path / "ckpt")
+    straight = launch(
+        tmp_path / "a",
+        cfg,
+        _train_args(
+            prepared_data,
+            12,
+            "--init-from",
+            str(init_weights),
+            "--checkpoint-dir",
+            ckpt,
+            "--save-every",
+            "6",
+            "--keep-last",
+            "5",
+        ),
+    )
+    assert straight.code == 0, straight.output[-4000:]
+    losses = straight.summary["losses"]
+    assert losses[-1] < losses[0] - 0.5
+    again = launch(
+        tmp_path / "b",
+        cfg,
+        _train_args(prepared_data, 12, "--checkpoint-dir", ckpt, "--resume", "step00000006"),
+    )
+    assert again.code == 0, again.output[-4000:]
+    assert again.summary["losses"][6:] == pytest.approx(losses[6:], rel=1e-6, abs=1e-6)

@@ -38,6 +38,16 @@ class ActivationTerms:
         return replicated + (self.sharded + self.quadratic) / tp
 
 
+def _mlp_saved(model: ModelSpec) -> int:
+    """Tensors of the MLP's inner width autograd keeps: a fused GeLU (Megatron, nn.GELU) its input and the
+    second matmul's input, 2; a gated MLP gate, up, act(gate) and their product, 4; HF GPT-2's `gelu_new`
+    (tanh approximation written as five elementwise ops) five inside the activation plus the matmul input, 6
+    (measured: five 4h-sized tensors per layer on CPU)."""
+    if model.gated_mlp:
+        return 4
+    return 6 if model.activation == "gelu_new" else 2
+
+
 def block_terms(model: ModelSpec, tokens: int, act_bytes: int, moe: bool) -> ActivationTerms:
     """Activation terms of one block for `tokens` = s·b tokens at `act_bytes` per element."""
     e, h, s = act_bytes, model.hidden_size, model.seq_length
@@ -52,11 +62,11 @@ def block_terms(model: ModelSpec, tokens: int, act_bytes: int, moe: bool) -> Act
     replicated = 2 * e * h + e * h + e * h + 2 * mask * h
     if moe:
         ffn, routed = model.moe_ffn_hidden_size, model.moe_top_k * model.moe_capacity_factor
-        mlp = (4 if model.gated_mlp else 2) * e * ffn * routed
+        mlp = _mlp_saved(model) * e * ffn * routed
         # dispatched tokens into the experts and their outputs before the combine
         mlp += 2 * e * h * routed
     else:
-        mlp = (4 if model.gated_mlp else 2) * e * model.ffn_hidden_size
+        mlp = _mlp_saved(model) * e * model.ffn_hidden_size
     sharded += mlp
     return ActivationTerms(
         sharded=sharded * tokens, replicated=replicated * tokens, quadratic=quadratic * tokens
@@ -84,6 +94,8 @@ def block_bytes(
 
 
 def logits_bytes(model: ModelSpec, micro_batch: int, act_bytes: int, tp: int) -> float:
-    """The LM head's output and HF's loss on it: logits in the training dtype, their fp32 upcast and the fp32
-    log-softmax cross-entropy saves for backward, `(e + 8)·s·b·V`, vocabulary-parallel over TP."""
-    return (act_bytes + 8) * model.seq_length * micro_batch * model.vocab_size / tp
+    """The LM head and HF's loss at the start of backward, `12·s·b·V` (vocabulary-parallel over TP): the
+    fp32 log-softmax the cross-entropy saved and the two fp32 logit-gradient tensors backward creates from
+    it, or, in bf16, the upcast logits beside them — measured on 2 CPU ranks for a 45M GPT-2, where this is
+    the peak of every ZeRO stage. (Megatron's fused vocabulary-parallel loss keeps 4·s·b·V; Korthikanti §4.)"""
+    return 12 * model.seq_length * micro_batch * model.vocab_size / tp

@@ -188,6 +188,8 @@ class Checkpointer:
         if path is None:
             raise RuntimeError(f"DeepSpeed could not load checkpoint {self.dir / tag}")
         state = (client_state or {}).get("dstk", {})
+        if "step" not in state:  # a universal checkpoint keeps no client state: the manifest has it
+            state = {**json.loads((self.dir / tag / MANIFEST).read_text()), **state}
         rank_file = self.dir / tag / f"dstk_rank{self.rank}.pt"
         rank_state = torch.load(rank_file, weights_only=False) if rank_file.is_file() else {}
         return Resume(

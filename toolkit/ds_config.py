@@ -207,7 +207,16 @@ def build_ds_config(
         **_optimizer_blocks(model, cluster, layout, opts),
         **_logging_blocks(opts),
     }
-    cfg[DSTK_KEY] = {"model": model.name, "layout": layout.model_dump(), **cfg.get(DSTK_KEY, {})}
+    from toolkit.estimate import estimate
+    from toolkit.reliability import checkpoint_plan
+
+    ckpt = checkpoint_plan(model, cluster, layout, estimate(model, cluster, layout).time.total_s)
+    cfg[DSTK_KEY] = {
+        "model": model.name,
+        "layout": layout.model_dump(),
+        "checkpoint_interval_steps": ckpt.interval_steps,
+        **cfg.get(DSTK_KEY, {}),
+    }
     if layout.tp > 1:
         cfg["tensor_parallel"] = {"autotp_size": layout.tp}
     if model.architecture == "mixtral" and layout.ep > 1:

@@ -138,6 +138,7 @@ class Estimate:
             "mfu": self.mfu,
             "model_flops_per_token": model_flops_per_token(self.model),
             "zero_knobs": self.knobs.__dict__,
+            "params_per_rank": {"dense": m.rank.dense, "expert": m.rank.expert},
         }
 
 
@@ -252,10 +253,13 @@ def _largest_param(pc, layout: Layout, model: ModelSpec) -> float:
     return max(pc.word_embedding / layout.tp, pc.mlp_weights / layout.tp / (3 if model.gated_mlp else 2))
 
 
-def estimate(model: ModelSpec, cluster: ClusterSpec, layout: Layout) -> Estimate:
-    """Memory and time of `layout`; memory of the most loaded stage, time of the slowest."""
+def estimate(
+    model: ModelSpec, cluster: ClusterSpec, layout: Layout, knobs: ZeroKnobs | None = None
+) -> Estimate:
+    """Memory and time of `layout`; memory of the most loaded stage, time of the slowest. `knobs`: the ZeRO
+    sizes of the config (default: the ones dstk's generated config sets)."""
     pc = count_params(model)
-    knobs = derive_zero_knobs(model, layout)
+    knobs = knobs or derive_zero_knobs(model, layout)
     e = 4 if layout.precision == "fp32" else 2
     peak = cluster.peak_flops(layout.precision)
     memory = estimate_memory(model, cluster, layout, knobs)

@@ -54,6 +54,8 @@ def _gpt2(data: dict[str, Any]) -> dict[str, Any]:
         max_position_embeddings=positions,
         seq_length=positions,
         tied_embeddings=data.get("tie_word_embeddings", True),
+        activation=data.get("activation_function", "gelu_new"),
+        dropout=any(data.get(k, 0.1) > 0 for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop")),
     )
 
 
@@ -127,6 +129,7 @@ def to_hf_config(spec: Any) -> dict[str, Any]:
             vocab_size=spec.vocab_size,
             n_positions=spec.max_position_embeddings,
             tie_word_embeddings=spec.tied_embeddings,
+            activation_function=spec.activation,
             bos_token_id=min(50256, spec.vocab_size - 1),
             eos_token_id=min(50256, spec.vocab_size - 1),
             **({} if spec.dropout else dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)),

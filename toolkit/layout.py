@@ -36,6 +36,7 @@ LAYOUT_FLAGS: dict[str, str] = {
     "precision": "--precision",
     "optimizer": "--optimizer",
     "tp_sequence_parallel": "--tp-sequence-parallel",
+    "tp_vocab_parallel": "--tp-vocab-parallel",
     "zeropp": "--zeropp",
 }
 
@@ -74,6 +75,9 @@ class LayoutRequest(BaseModel):
     tp_sequence_parallel: bool = False
     """Megatron's sequence parallelism inside the TP group (Korthikanti et al. 2022): norms, dropout and
     residuals are sharded over the sequence, so their activations divide by tp; same communication volume."""
+    tp_vocab_parallel: bool = False
+    """Split the word embedding over TP too (Megatron's VocabParallelEmbedding); DeepSpeed AutoTP, the
+    default, keeps it whole and splits only an untied LM head."""
     zeropp: bool = False
     """ZeRO++ (Wang et al. 2023) on ZeRO-3: int8 weight all-gather, int4 gradient reduce-scatter, and a
     secondary weight partition inside each node so backward gathers stay on NVLink."""

@@ -162,4 +162,5 @@ def model_from_params(
         vocab_size=vocab_size,
         seq_length=seq_length,
         max_position_embeddings=seq_length,
+        activation="gelu",  # GPT-3 as Megatron-LM trains it: a fused GeLU kernel
     )

@@ -75,6 +75,8 @@ class Memory:
     framework_overhead: float
     cpu_per_node: float
     nvme_per_node: float
+    rank: RankParams
+    """The parameters this stage's rank owns before ZeRO (dense and expert)."""
 
     @property
     def total(self) -> float:
@@ -154,23 +156,32 @@ def _sum_states(a: EngineStates, b: EngineStates) -> EngineStates:
     return EngineStates(*(x + y for x, y in zip(a.__dict__.values(), b.__dict__.values(), strict=True)))
 
 
-def zero_buffers(layout: Layout, knobs: ZeroKnobs, rank: RankParams, b: int, hpz_size: int = 1) -> float:
+def zero_buffers(
+    layout: Layout, knobs: ZeroKnobs, rank: RankParams, b: int, hpz_size: int = 1, accelerator: str = "cuda"
+) -> float:
     """Reduce buckets and ZeRO-3's gathered-parameter working set, bytes.
 
-    ZeRO-1/2 allocate `reduce_bucket_size` elements (twice with overlap_comm) during backward; ZeRO-3 one bucket
-    for the run, the persistent small parameters, the module being computed plus what the prefetcher may hold
-    (bounded by `stage3_max_live_parameters`), and that module's full gradient before it is reduce-scattered.
-    ZeRO++'s hpZ adds a secondary copy of the weights partitioned over the `hpz_size` ranks of a node.
+    ZeRO-1/2 allocate `reduce_bucket_size` elements (twice with overlap_comm) during backward: a CUDA caching
+    allocator reserves them whole; on the CPU accelerator only written pages exist and they are released after
+    the step, before the next peak (measured: 5e8-element and h²-element buckets give the same peak RSS).
+    ZeRO-3 keeps one bucket for the whole run (on CPU, resident as far as gradients were copied through it:
+    at most the model), the persistent small parameters, the parameters it keeps gathered — at least the
+    module being computed plus the prefetch, at most `stage3_max_live_parameters` or the whole stage (with
+    DeepSpeed's default 1e9 a small model stays gathered from forward into backward, measured) — and the
+    current module's full gradient. ZeRO++'s hpZ adds a secondary copy of the weights over a node's ranks.
     """
     if layout.zero_stage == 0:
         return 0.0
-    bucket = knobs.reduce_bucket_size * b
     if layout.zero_stage in (1, 2):
-        return bucket * (2 if knobs.overlap_comm else 1)
+        return (
+            0.0 if accelerator == "cpu" else knobs.reduce_bucket_size * b * (2 if knobs.overlap_comm else 1)
+        )
+    full = rank.dense + rank.expert
+    bucket = min(knobs.reduce_bucket_size, full) if accelerator == "cpu" else knobs.reduce_bucket_size
     prefetch = min(knobs.stage3_prefetch_bucket_size, knobs.stage3_max_live_parameters)
-    gathered = rank.largest_module + prefetch
+    gathered = min(full, max(knobs.stage3_max_live_parameters, rank.largest_module + prefetch))
     secondary = b * (rank.dense / hpz_size + rank.expert / layout.expert_dp) if layout.zeropp else 0.0
-    return bucket + b * rank.persistent + b * gathered + b * rank.largest_module + secondary
+    return b * (bucket + rank.persistent + gathered + rank.largest_module) + secondary
 
 
 def rank_params(
@@ -192,11 +203,13 @@ def rank_params(
     dense_blocks = blocks - moe_blocks
     dense = blocks * common + dense_blocks * dense_mlp + moe_blocks * pc.router
     expert = moe_blocks * pc.num_experts / ep * pc.expert
-    word = pc.word_embedding / t
+    # Megatron splits the word embedding over TP (VocabParallelEmbedding); DeepSpeed AutoTP keeps it whole and
+    # splits only an untied LM head (measured: a 2-way AutoTP Llama holds the full embedding, half the head)
+    word = pc.word_embedding / t if layout.tp_vocab_parallel else pc.word_embedding
     edge = 0.0
     if first:
         dense += word + pc.position_embedding + pc.embedding_norm
-        edge += word + (pc.position_embedding + pc.embedding_norm) / t
+        edge += pc.word_embedding / t + (pc.position_embedding + pc.embedding_norm) / t
     if last:
         head = pc.lm_head / t if pc.lm_head else (word if layout.pp > 1 else 0)
         dense += pc.final_norm + head
@@ -256,9 +269,10 @@ def stage_memory(
         gradients=paper[1],
         optimizer_states=paper[2],
         activations=activations,
-        buffers=zero_buffers(layout, knobs, rank, b, _hpz(cluster, layout)),
+        buffers=zero_buffers(layout, knobs, rank, b, _hpz(cluster, layout), cluster.accelerator),
         engine=engine,
         framework_overhead=cluster.framework_overhead_gib * GIB,
         cpu_per_node=engine.host_bytes * cluster.gpus_per_node,
         nvme_per_node=engine.nvme_bytes * cluster.gpus_per_node,
+        rank=rank,
     )

@@ -21,6 +21,7 @@ from toolkit.errors import UserError
 from toolkit.estimate import Estimate, estimate, estimate_memory, host_fits, nvme_fits
 from toolkit.layout import Layout, LayoutRequest, default_precision
 from toolkit.memory import GIB
+from toolkit.reliability import CheckpointPlan, checkpoint_plan
 from toolkit.rules import broken_rules
 from toolkit.specs import ClusterSpec, ModelSpec
 
@@ -54,6 +55,7 @@ class Plan:
     alternatives: list[Candidate]
     usable_bytes: float
     searched: int
+    checkpoint: CheckpointPlan
     rule_rejections: dict[str, str] = field(default_factory=dict)
 
 
@@ -164,7 +166,12 @@ class _Search:
                     )
                     for zeropp in self._options("zeropp", zeropps):
                         for recompute in self._options("recompute", list(RECOMPUTE)):
+                            # Megatron (no "deepspeed" scope) runs TP with sequence parallelism and a
+                            # vocabulary-parallel embedding: less memory at the same traffic, so always on
+                            megatron_tp = tp > 1 and "deepspeed" not in self.scopes
                             base = dict(
+                                tp_sequence_parallel=self.fixed.get("tp_sequence_parallel", megatron_tp),
+                                tp_vocab_parallel=self.fixed.get("tp_vocab_parallel", megatron_tp),
                                 zero_stage=zero,
                                 tp=tp,
                                 pp=pp,
@@ -309,12 +316,23 @@ def plan(
         return None
     best = _pick(search.fitting)
     alternatives = _counterfactuals(best, search)
+    assert best.estimate is not None
+    ckpt = checkpoint_plan(model, cluster, best.layout, best.estimate.time.total_s)
+    explanation = _explain(best, alternatives, search)
+    explanation.insert(
+        3,
+        f"Checkpoints: {ckpt.bytes / 1e9:,.1f} GB each, {ckpt.write_s:.3g} s to write at "
+        f"{cluster.storage_gb_per_s:g} GB/s per node; job MTBF {ckpt.job_mtbf_s / 3600:.3g} h, so save every "
+        f"{ckpt.interval_steps} steps ({ckpt.interval_s / 60:.3g} min, Young/Daly): "
+        f"{ckpt.expected_waste:.2%} of the time lost to saving and redoing work.",
+    )
     return Plan(
         best=best,
-        explanation=_explain(best, alternatives, search),
+        explanation=explanation,
         alternatives=[a for _, a in alternatives],
         usable_bytes=search.usable,
         searched=search.searched,
+        checkpoint=ckpt,
         rule_rejections=search.rule_rejections,
     )
 

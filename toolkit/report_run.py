@@ -25,6 +25,9 @@ def summarize(trainer: Any, run: Any, layout: Layout) -> dict[str, Any]:
         "step_times_s": meter.step_times,
         **meter.rates(step_s),
         "peak_memory_bytes": trainer.peak_memory(),
+        "param_norm": trainer.param_norm(),
+        "params_on_rank": _params_on_rank(trainer),
+        "aux_losses": trainer.record.aux_losses,
         "model_state_bytes": trainer.record.model_states,
         "checkpoint_dir": str(run.checkpoint_dir) if run.checkpoint_dir else None,
     }
@@ -38,6 +41,13 @@ def summarize(trainer: Any, run: Any, layout: Layout) -> dict[str, Any]:
         (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
         print_comparison(summary)
     return summary
+
+
+def _params_on_rank(trainer: Any) -> list[dict[str, int]]:
+    from toolkit.moe import count_rank_params
+    from toolkit.trainer import _gather
+
+    return _gather(count_rank_params(trainer.engine.module))
 
 
 def _row(name: str, measured: float, predicted: float | None, fmt: str) -> str:

@@ -63,6 +63,68 @@ def _check_data(model: ModelSpec, data: Path) -> None:
         )
 
 
+def _moe(model: Any, spec: ModelSpec, layout: Any) -> tuple[Any, Any]:
+    """(router-loss collector, optimizer parameters): dense models with experts get DeepSpeed MoE layers and
+    expert parameter groups; Mixtral keeps its own block and adds its router loss to the HF loss itself."""
+    if not spec.is_moe:
+        return None, model.parameters()
+    if spec.architecture == "mixtral":
+        model.config.output_router_logits = True
+        return None, model.parameters()
+    from toolkit.moe import convert_to_moe, optimizer_groups
+
+    aux = convert_to_moe(model, spec, layout.ep)
+    return aux, optimizer_groups(model)
+
+
+def _dstk_optimizer(config: dict[str, Any], params: Any) -> Any:
+    """dstk's 1-bit Adam / 0/1 Adam from the config's `dstk.optimizer` block (DeepSpeed 0.19.7+ removed its
+    own), as a client optimizer; None when the config names a DeepSpeed optimizer."""
+    spec = (config.get("dstk") or {}).get("optimizer")
+    if not spec:
+        return None
+    from toolkit.onebit import build_optimizer
+
+    try:
+        return build_optimizer(list(params), spec)
+    except ValueError as exc:
+        raise UserError(f"--config: {exc}") from None
+
+
+def _pipeline(model: Any, spec: ModelSpec, layout: Any, config: dict[str, Any]) -> tuple[Any, Any]:
+    """The HF model as a DeepSpeed PipelineModule with the same weights (toolkit.pipeline)."""
+    from toolkit.pipeline import build_pipeline
+
+    pipe_cfg = config.get("pipeline") or {}
+    pipe = build_pipeline(
+        spec,
+        model.config,
+        model.state_dict(),
+        layout.pp,
+        partition=str(pipe_cfg.get("partition", "parameters")),
+        checkpoint_interval=int(
+            pipe_cfg.get("activation_checkpoint_interval", 1 if layout.recompute == "full" else 0)
+        ),
+    )
+    return pipe, [p for p in pipe.parameters() if p.requires_grad]
+
+
+def _resume_tag(ckpt: Any, run: TrainRun) -> str | None:
+    """The checkpoint to resume from (all ranks agree), or None."""
+    if ckpt is None or run.resume == "never":
+        return None
+    if run.resume == "auto":
+        return ckpt.latest()
+    from toolkit.checkpoint import check
+
+    problem = check(run.checkpoint_dir / run.resume)
+    if problem:
+        raise UserError(
+            f"--resume: {run.checkpoint_dir / run.resume} is not a complete checkpoint: {problem}"
+        )
+    return run.resume
+
+
 def main(run: TrainRun) -> dict[str, Any]:
     import warnings
 
@@ -75,6 +137,7 @@ def main(run: TrainRun) -> dict[str, Any]:
     from toolkit.report_run import summarize
     from toolkit.runtime import init_distributed, seed_everything, shutdown
     from toolkit.trainer import Trainer
+    from toolkit.universal import is_universal
 
     # DeepSpeed's ZeRO calls the torch API this deprecates on every step, from every rank
     warnings.filterwarnings(
@@ -87,28 +150,50 @@ def main(run: TrainRun) -> dict[str, Any]:
         _check_data(run.model, data)
         seed_everything(run.loop.seed)
         model = build_model(run.model, run.config, run.init_from)
-        if layout.recompute == "full":
+        aux, params = _moe(model, run.model, layout)
+        if layout.pp > 1:
+            model, params = _pipeline(model, run.model, layout, run.config)
+        elif layout.recompute == "full":
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=run.config)
-        seed_everything(run.loop.seed + 1 + rt.rank)  # dropout differs per rank, identically in every run
         ckpt = Checkpointer(run.checkpoint_dir, rt.rank, run.keep_last) if run.checkpoint_dir else None
+        tag = _resume_tag(ckpt, run)
+        config = run.config
+        if tag is not None and is_universal(run.checkpoint_dir / tag):
+            # a checkpoint from another world size, converted by dstk checkpoint convert
+            config = {**config, "checkpoint": {**config.get("checkpoint", {}), "load_universal": True}}
+        client_optimizer = _dstk_optimizer(config, params)
+        engine, *_ = deepspeed.initialize(
+            model=model,
+            model_parameters=None if client_optimizer else params,
+            optimizer=client_optimizer,
+            config=config,
+        )
+        if client_optimizer is not None:
+            from toolkit.onebit import attach_to_engine
+
+            client_optimizer = attach_to_engine(engine)  # before any load_checkpoint (see its docstring)
+        seed_everything(run.loop.seed + 1 + rt.rank)  # dropout differs per rank, identically in every run
         peak = run.cluster.peak_flops(layout.precision) if run.cluster else None
-        trainer = Trainer(engine, run.model, layout, rt, data, run.run_dir, ckpt, run.loop, peak)
-        if ckpt is not None and run.resume != "never":
-            tag = ckpt.latest() if run.resume == "auto" else run.resume
-            if tag is not None:
-                trainer.resume(tag)
-                if rt.is_main:
-                    print(f"resumed from {run.checkpoint_dir / tag} at step {trainer.step}", flush=True)
-            elif rt.is_main:
-                print(f"no complete checkpoint in {run.checkpoint_dir}: starting from step 0", flush=True)
-        logger = Logger(run.run_dir, engine, rt.is_main, run.loop.steps, trainer.step, run.loop.progress)
-        try:
-            trainer.run(logger)
-        finally:
-            logger.close()
-        if ckpt is not None and not (run.loop.save_every and trainer.step % run.loop.save_every == 0):
-            trainer.save()  # the final state, unless the last periodic save already holds it
+        trainer = Trainer(engine, run.model, layout, rt, data, run.run_dir, ckpt, run.loop, peak, aux)
+        trainer.compressed_optimizer = client_optimizer
+        if tag is not None:
+            trainer.resume(tag)
+            if rt.is_main:
+                print(f"resumed from {run.checkpoint_dir / tag} at step {trainer.step}", flush=True)
+        elif ckpt is not None and run.resume != "never" and rt.is_main:
+            print(f"no complete checkpoint in {run.checkpoint_dir}: starting from step 0", flush=True)
+        if run.loop.eval_only:
+            if trainer.eval_data is None:
+                raise UserError(f"--eval-only: {data} has no validation split")
+            trainer.record.evals.append({"step": trainer.step, **trainer.evaluate()})
+        else:
+            logger = Logger(run.run_dir, engine, rt.is_main, run.loop.steps, trainer.step, run.loop.progress)
+            try:
+                trainer.run(logger)
+            finally:
+                logger.close()
+            if ckpt is not None and not (run.loop.save_every and trainer.step % run.loop.save_every == 0):
+                trainer.save()  # the final state, unless the last periodic save already holds it
         summary = summarize(trainer, run, layout)
     except BaseException:
         shutdown(clean=False)

@@ -41,6 +41,22 @@ def block_params_per_rank(model: ModelSpec, tp: int) -> int:
     return max(dense, moe if pc.n_moe_layers else 0) // tp
 
 
+def deepspeed_default_knobs(layout: Layout) -> ZeroKnobs:
+    """What DeepSpeed 0.19.8 uses when a config leaves the sizes out (runtime/zero/config.py): the knobs of a
+    hand-written config, for estimating it."""
+    return ZeroKnobs(
+        reduce_bucket_size=int(5e8),
+        allgather_bucket_size=int(5e8),
+        overlap_comm=layout.zero_stage == 3,
+        contiguous_gradients=True,
+        stage3_prefetch_bucket_size=int(5e7),
+        stage3_param_persistence_threshold=int(1e5),
+        stage3_max_live_parameters=int(1e9),
+        stage3_max_reuse_distance=int(1e9),
+        sub_group_size=int(1e9),
+    )
+
+
 def derive_zero_knobs(model: ModelSpec, layout: Layout) -> ZeroKnobs:
     h = model.hidden_size
     bucket = h * h

@@ -24,6 +24,10 @@ VERBS: dict[str, tuple[str, str]] = {
         "launch",
         "Write the hostfile and run (or print) the deepspeed launcher command for dstk train.",
     ),
+    "checkpoint": (
+        "checkpoint",
+        "Convert a checkpoint to DeepSpeed's universal format to resume on another world size.",
+    ),
     "data": ("data", "Generate a demo corpus, or prepare text files into packed training sequences."),
     "export": ("export", "Write a consolidated HF save_pretrained directory from a checkpoint."),
     "train": ("train", "Train on the ranks a launcher started (what dstk launch runs on every rank)."),

@@ -19,6 +19,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_args(parser)
     add_cluster_args(parser)
     add_layout_args(parser)
+    parser.add_argument(
+        "--zero-buckets",
+        choices=("dstk", "deepspeed"),
+        default="dstk",
+        help="ZeRO bucket/prefetch/live-parameter sizes: dstk's (sized from the model, as dstk config writes "
+        "them) or DeepSpeed's defaults (a hand-written config without them)",
+    )
     parser.add_argument("--json", action="store_true", help="print the estimate as JSON")
 
 
@@ -28,7 +35,10 @@ def run(args: argparse.Namespace) -> int:
 
     model, cluster = model_from_args(args), cluster_from_args(args)
     layout = resolve_layout(model, cluster, layout_request_from_args(args))
-    result = estimate(model, cluster, layout)
+    from toolkit.zero_knobs import deepspeed_default_knobs
+
+    knobs = deepspeed_default_knobs(layout) if args.zero_buckets == "deepspeed" else None
+    result = estimate(model, cluster, layout, knobs)
     if args.json:
         print_json(result.to_dict())
     else:

@@ -35,6 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tokens", type=float, metavar="N", help="training tokens, for time-to-train (e.g. 300e9)"
     )
     parser.add_argument("--report", type=Path, metavar="F", help="also write a Markdown report to F")
+    parser.add_argument(
+        "--elastic",
+        metavar="MIN..MAX",
+        help="also list the world sizes in MIN..MAX that keep the global batch exact",
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
@@ -55,6 +60,7 @@ def plan_to_dict(plan: Any, ds_config: dict[str, Any], tokens: float | None) -> 
         ],
         "estimate_flags": best.layout.flags(),
         "searched": plan.searched,
+        "checkpoint": plan.checkpoint.to_dict(),
     }
     if tokens:
         seconds = tokens / best.estimate.tokens_per_s
@@ -85,6 +91,24 @@ def run(args: argparse.Namespace) -> int:
     if result is None:
         raise nothing_fits_message(model, cluster, fixed, global_batch, margin, scopes)
     data = plan_to_dict(result, build_ds_config(model, cluster, result.best.layout), args.tokens)
+    if args.elastic:
+        from toolkit.elastic import elastic_sizes, parse_range
+
+        lo, hi = parse_range(args.elastic)
+        sizes = elastic_sizes(model, cluster, result.best.layout, lo, hi, scopes)
+        data["elastic"] = [
+            {
+                "world_size": s.world_size,
+                "nodes": s.nodes,
+                "gpus_per_node": s.gpus_per_node,
+                "micro_batch_size": s.layout.micro_batch_size if s.layout else None,
+                "gradient_accumulation_steps": s.layout.gradient_accumulation_steps if s.layout else None,
+                "fits": s.fits,
+                "tokens_per_s": s.tokens_per_s,
+                "refused_because": s.reason,
+            }
+            for s in sizes
+        ]
     if args.report:
         from toolkit.report import write_plan_report
 
@@ -102,6 +126,14 @@ def run(args: argparse.Namespace) -> int:
         f"\nReproduce: dstk estimate --model {args.model or model.name} --cluster {args.cluster} "
         f"--nodes {cluster.nodes} {' '.join(result.best.layout.flags())}"
     )
+    for s in data.get("elastic", []):
+        if s["refused_because"] is None:
+            print(
+                f"  elastic world size {s['world_size']:>5}: {s['nodes']} × {s['gpus_per_node']}, micro "
+                f"{s['micro_batch_size']}, accumulation {s['gradient_accumulation_steps']}, {s['tokens_per_s']:,.0f} tokens/s"
+            )
+        else:
+            print(f"  elastic world size {s['world_size']:>5}: refused, {s['refused_because']}")
     if "training" in data:
         t = data["training"]
         print(f"Training {t['tokens']:.3g} tokens: {t['days']:.1f} days, {t['gpu_hours']:,.0f} GPU-hours")

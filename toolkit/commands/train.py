@@ -36,7 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--checkpoint-dir", type=Path, metavar="DIR", help="save (and resume) checkpoints here"
     )
     parser.add_argument(
-        "--save-every", type=int, default=0, metavar="K", help="checkpoint every K steps (and at the end)"
+        "--save-every",
+        type=int,
+        metavar="K",
+        help="checkpoint every K steps and at the end (default: the plan's Young/Daly interval)",
     )
     parser.add_argument("--keep-last", type=int, default=3, metavar="K", help="complete checkpoints to keep")
     parser.add_argument(
@@ -54,6 +57,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--eval-rows", type=int, default=64, metavar="N", help="validation sequences per evaluation"
     )
+    parser.add_argument(
+        "--eval-only",
+        action="store_true",
+        help="evaluate the (resumed or --init-from) model once on the validation split and stop",
+    )
     parser.add_argument("--log-every", type=int, default=10, metavar="N", help="log metrics every N steps")
     parser.add_argument("--seed", type=int, default=0, help="seed for weights, data order and dropout")
     parser.add_argument(
@@ -64,6 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     parser.add_argument("--fault-after-save-shards", type=int, metavar="STEP", help=argparse.SUPPRESS)
     parser.add_argument("--crash-at-step", type=int, metavar="STEP", help=argparse.SUPPRESS)
+    parser.add_argument("--crash-rank", type=int, default=0, metavar="RANK", help=argparse.SUPPRESS)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,6 +93,9 @@ def run(args: argparse.Namespace) -> int:
     steps = args.steps or ((config.get("scheduler") or {}).get("params") or {}).get("total_num_steps")
     if not steps or steps <= 0:
         raise UserError("--steps: give a positive number of steps (the config's scheduler has none)")
+    if args.save_every is None:
+        planned = (config.get("dstk") or {}).get("checkpoint_interval_steps", 0)
+        args.save_every = min(planned, steps) if args.checkpoint_dir else 0
     for flag in ("save_every", "keep_last", "eval_every", "eval_rows", "log_every"):
         if getattr(args, flag) < 0:
             raise UserError(f"--{flag.replace('_', '-')}: must not be negative")
@@ -105,11 +117,13 @@ def run(args: argparse.Namespace) -> int:
         log_every=max(args.log_every, 1),
         eval_every=args.eval_every,
         eval_rows=args.eval_rows,
+        eval_only=args.eval_only,
         save_every=args.save_every,
         seed=args.seed,
         progress=args.progress,
         fault_after_first_shard_at=args.fault_after_save_shards,
         crash_at_step=args.crash_at_step,
+        crash_rank=args.crash_rank,
     )
     main(
         TrainRun(

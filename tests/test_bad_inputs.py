@@ -1,0 +1,466 @@
+"""The bad-input catalogue: every user mistake exits 2 with one line naming the problem — no traceback, and no
+partial output file left behind. Inputs live in tests/bad/ (one file per mistake) or are flags."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.cli import REPO, dstk
+
+BAD = REPO / "tests" / "bad"
+TINY = str(REPO / "tests" / "models" / "tiny-test-gpt2.yaml")
+
+# (id, argv with {out} for an output path that must not exist afterwards, pattern the one line must match)
+CASES: list[tuple[str, list[str], str]] = [
+    # model descriptions
+    (
+        "unknown-model-preset",
+        ["estimate", "--model", "gpt-5", "--cluster", "cpu"],
+        r"--model: 'gpt-5' is neither a preset",
+    ),
+    (
+        "misspelt-model-field",
+        ["estimate", "--model", f"{BAD}/misspelt_model.yaml", "--cluster", "cpu"],
+        r"n_layer: unknown field \(did you mean n_layers",
+    ),
+    (
+        "negative-layers",
+        ["estimate", "--model", f"{BAD}/negative_layers.yaml", "--cluster", "cpu"],
+        r"n_layers: input should be greater than 0",
+    ),
+    (
+        "zero-hidden",
+        ["estimate", "--model", f"{BAD}/zero_hidden.yaml", "--cluster", "cpu"],
+        r"hidden_size: input should be greater than 0",
+    ),
+    (
+        "heads-not-dividing-hidden",
+        ["estimate", "--model", f"{BAD}/heads_not_dividing.yaml", "--cluster", "cpu"],
+        r"not divisible by n_heads\(5\)",
+    ),
+    ("kv-heads", ["estimate", "--model", f"{BAD}/kv_heads.yaml", "--cluster", "cpu"], r"n_kv_heads"),
+    (
+        "malformed-yaml",
+        ["estimate", "--model", f"{BAD}/malformed.yaml", "--cluster", "cpu"],
+        r"malformed YAML at line \d+",
+    ),
+    (
+        "yaml-not-a-mapping",
+        ["estimate", "--model", f"{BAD}/list.yaml", "--cluster", "cpu"],
+        r"expected a mapping",
+    ),
+    (
+        "missing-model-file",
+        ["estimate", "--model", f"{BAD}/absent.yaml", "--cluster", "cpu"],
+        r"absent.yaml: file not found",
+    ),
+    ("model-is-a-directory", ["estimate", "--model", str(BAD), "--cluster", "cpu"], r"is a directory"),
+    (
+        "unsupported-hf-architecture",
+        ["estimate", "--model", f"{BAD}/t5_config.json", "--cluster", "cpu"],
+        r"model_type: 't5' is not supported",
+    ),
+    (
+        "params-out-of-range",
+        ["estimate", "--params", "1e20", "--cluster", "cpu"],
+        r"--params: 1e\+20 is out of range",
+    ),
+    (
+        "params-not-a-number",
+        ["estimate", "--params", "lots", "--cluster", "cpu"],
+        r"argument --params: invalid float",
+    ),
+    (
+        "one-expert",
+        ["estimate", "--model", f"{BAD}/one_expert.yaml", "--cluster", "cpu"],
+        r"num_experts: 1 expert",
+    ),
+    (
+        "top-k-above-experts",
+        ["estimate", "--model", f"{BAD}/topk.yaml", "--cluster", "cpu"],
+        r"moe_top_k: 3 exceeds",
+    ),
+    (
+        "sequence-beyond-positions",
+        ["estimate", "--model", f"{BAD}/seq_too_long.yaml", "--cluster", "cpu"],
+        r"seq_length: 128 exceeds max_position_embeddings",
+    ),
+    (
+        "seq-length-override-zero",
+        ["estimate", "--model", "gpt2", "--seq-length", "0", "--cluster", "cpu"],
+        r"seq_length: input should be greater than 0",
+    ),
+    # cluster descriptions
+    (
+        "unknown-cluster-preset",
+        ["estimate", "--model", "gpt2", "--cluster", "tpu-v5"],
+        r"--cluster: 'tpu-v5' is neither a preset",
+    ),
+    (
+        "misspelt-cluster-field",
+        ["estimate", "--model", "gpt2", "--cluster", f"{BAD}/misspelt_cluster.yaml"],
+        r"gpus_per_nod: unknown field",
+    ),
+    (
+        "negative-nodes",
+        ["estimate", "--model", "gpt2", "--cluster", "dgx-h100", "--nodes", "-3"],
+        r"nodes: input should be greater than 0",
+    ),
+    (
+        "zero-gpu-memory",
+        ["estimate", "--model", "gpt2", "--cluster", f"{BAD}/zero_memory.yaml"],
+        r"gpu_memory_gib: input should be greater than 0",
+    ),
+    (
+        "unknown-accelerator",
+        ["estimate", "--model", "gpt2", "--cluster", f"{BAD}/bad_accelerator.yaml"],
+        r"accelerator: input should be",
+    ),
+    (
+        "hostname-count",
+        ["estimate", "--model", "gpt2", "--cluster", f"{BAD}/hostnames_count.yaml"],
+        r"hostnames: 1 names given for nodes\(2\)",
+    ),
+    (
+        "efficiency-above-one",
+        ["estimate", "--model", "gpt2", "--cluster", "cpu", "--gpu-matmul-efficiency", "1.5"],
+        r"gpu_matmul_efficiency: input should be less than or equal to 1",
+    ),
+    # layouts
+    (
+        "tp-not-dividing-heads",
+        ["estimate", "--model", "gpt2", "--cluster", "dgx-h100", "--tp", "8"],
+        r"--tp: n_heads\(12\)",
+    ),
+    (
+        "world-not-divisible",
+        ["estimate", "--model", "gpt2", "--cluster", "dgx-h100", "--tp", "3"],
+        r"is not divisible by tp\(3\)",
+    ),
+    (
+        "global-batch-not-divisible",
+        ["estimate", "--model", "gpt2", "--cluster", "dgx-h100", "--global-batch", "20"],
+        r"global_batch_size\(20\) is not divisible",
+    ),
+    (
+        "grad-accum-disagrees",
+        ["estimate", "--model", "gpt2", "--cluster", "dgx-h100", "--global-batch", "64", "--grad-accum", "3"],
+        r"!= global_batch_size\(64\)",
+    ),
+    (
+        "micro-batch-zero",
+        ["estimate", "--model", "gpt2", "--cluster", "cpu", "--micro-batch", "0"],
+        r"--micro-batch: input should be greater than 0",
+    ),
+    (
+        "zero-stage-choice",
+        ["estimate", "--model", "gpt2", "--cluster", "cpu", "--zero-stage", "5"],
+        r"argument --zero-stage: invalid choice",
+    ),
+    (
+        "pp-beyond-layers",
+        ["estimate", "--model", TINY, "--cluster", "dgx-h100", "--pp", "4"],
+        r"--pp: pp\(4\) exceeds n_layers\(2\)",
+    ),
+    (
+        "pipeline-with-zero2",
+        ["estimate", "--model", "gpt2", "--cluster", "dgx-h100", "--pp", "2", "--zero-stage", "2"],
+        r"only with ZeRO stage 0 or 1",
+    ),
+    (
+        "param-offload-below-zero3",
+        [
+            "estimate",
+            "--model",
+            "gpt2",
+            "--cluster",
+            "dgx-h100",
+            "--zero-stage",
+            "1",
+            "--offload-param",
+            "cpu",
+        ],
+        r"needs ZeRO stage 3",
+    ),
+    (
+        "nvme-without-nvme",
+        [
+            "estimate",
+            "--model",
+            "gpt2",
+            "--cluster",
+            "dgx-h100",
+            "--nvme-gib",
+            "0",
+            "--zero-stage",
+            "3",
+            "--offload-param",
+            "nvme",
+        ],
+        r"nvme_gib=0",
+    ),
+    (
+        "fp16-on-cpu",
+        ["estimate", "--model", "gpt2", "--cluster", "cpu", "--precision", "fp16"],
+        r"fp16 is not supported on cpu",
+    ),
+    (
+        "ep-on-dense",
+        ["estimate", "--model", "gpt2", "--cluster", "dgx-h100", "--ep", "2"],
+        r"needs an MoE model",
+    ),
+    (
+        "zeropp-on-cpu",
+        ["estimate", "--model", "gpt2", "--cluster", "cpu", "--zero-stage", "3", "--zeropp"],
+        r"need CUDA",
+    ),
+    (
+        "onebit-with-zero",
+        [
+            "estimate",
+            "--model",
+            "gpt2",
+            "--cluster",
+            "dgx-h100",
+            "--zero-stage",
+            "1",
+            "--optimizer",
+            "onebit-adam",
+        ],
+        r"needs ZeRO stage 0",
+    ),
+    (
+        "autotp-gpt2-config",
+        ["config", "--model", "gpt2", "--cluster", "dgx-h100", "--tp", "2", "-o", "{out}"],
+        r"AutoTP cannot shard gpt2",
+    ),
+    (
+        "bad-memory-margin",
+        ["plan", "--model", "gpt2", "--cluster", "cpu", "--memory-margin", "1.5", "--report", "{out}"],
+        r"--memory-margin: 1.5 must be in",
+    ),
+    (
+        "bad-elastic-range",
+        ["plan", "--model", "gpt2", "--cluster", "cpu", "--elastic", "8..2"],
+        r"--elastic: '8..2' is not MIN..MAX",
+    ),
+    (
+        "nothing-fits",
+        ["plan", "--model", "gpt-1t", "--cluster", "cpu", "--report", "{out}"],
+        r"does not fit on 1 × cpu",
+    ),
+    # DeepSpeed configs
+    (
+        "validate-malformed-json",
+        ["validate", f"{BAD}/broken.json", "--world-size", "2"],
+        r"malformed JSON at line 1",
+    ),
+    (
+        "validate-missing-file",
+        ["validate", f"{BAD}/absent.json", "--world-size", "2"],
+        r"absent.json: file not found",
+    ),
+    (
+        "validate-world-size-zero",
+        ["validate", f"{BAD}/bad_batch.json", "--world-size", "0"],
+        r"--world-size: 0 must be a positive",
+    ),
+    ("validate-bad-batch", ["validate", f"{BAD}/bad_batch.json", "--world-size", "2"], r"1 problem"),
+    (
+        "train-missing-config",
+        ["train", "--model", TINY, "--config", f"{BAD}/absent.json", "--run-dir", "{out}"],
+        r"absent.json: file not found",
+    ),
+    (
+        "train-no-steps",
+        ["train", "--model", TINY, "--config", f"{BAD}/bad_batch.json", "--run-dir", "{out}"],
+        r"--steps: give a positive number",
+    ),
+    (
+        "train-resume-needs-dir",
+        [
+            "train",
+            "--model",
+            TINY,
+            "--config",
+            f"{BAD}/bad_batch.json",
+            "--steps",
+            "2",
+            "--resume",
+            "step00000002",
+            "--run-dir",
+            "{out}",
+        ],
+        r"--resume: needs --checkpoint-dir",
+    ),
+    (
+        "train-init-from-missing",
+        [
+            "train",
+            "--model",
+            TINY,
+            "--config",
+            f"{BAD}/bad_batch.json",
+            "--steps",
+            "2",
+            "--init-from",
+            f"{BAD}/absent",
+            "--run-dir",
+            "{out}",
+        ],
+        r"--init-from: .* is not a directory",
+    ),
+    (
+        "train-data-missing",
+        [
+            "train",
+            "--model",
+            TINY,
+            "--config",
+            f"{BAD}/bad_batch.json",
+            "--steps",
+            "2",
+            "--data",
+            f"{BAD}/absent",
+            "--run-dir",
+            "{out}",
+        ],
+        r"--data: .* is not a directory",
+    ),
+    # hostfiles and launches
+    (
+        "hostile-hostname",
+        [
+            "launch",
+            "--cluster",
+            f"{BAD}/hostile_host.yaml",
+            "--config",
+            f"{BAD}/bad_batch.json",
+            "--dry-run",
+            "--run-dir",
+            "{out}",
+        ],
+        r"'b && reboot' is not a valid hostname",
+    ),
+    (
+        "multi-node-without-hostnames",
+        [
+            "launch",
+            "--cluster",
+            "dgx-h100",
+            "--nodes",
+            "2",
+            "--config",
+            f"{BAD}/bad_batch.json",
+            "--dry-run",
+            "--run-dir",
+            "{out}",
+        ],
+        r"list their hostnames",
+    ),
+    (
+        "include-and-exclude",
+        [
+            "launch",
+            "--cluster",
+            "cpu",
+            "--config",
+            f"{BAD}/bad_batch.json",
+            "--include",
+            "localhost:0",
+            "--exclude",
+            "localhost:1",
+            "--dry-run",
+            "--run-dir",
+            "{out}",
+        ],
+        r"give one, not both",
+    ),
+    (
+        "launch-without-config",
+        ["launch", "--cluster", "cpu", "--dry-run", "--run-dir", "{out}"],
+        r"--config: dstk train needs",
+    ),
+    (
+        "negative-restarts",
+        [
+            "launch",
+            "--cluster",
+            "cpu",
+            "--config",
+            f"{BAD}/bad_batch.json",
+            "--max-restarts",
+            "-1",
+            "--run-dir",
+            "{out}",
+        ],
+        r"--max-restarts: must not be negative",
+    ),
+    # data
+    (
+        "data-missing-input",
+        ["data", "prepare", "--input", f"{BAD}/absent.jsonl", "--out", "{out}", "--train-tokenizer", "300"],
+        r"absent.jsonl",
+    ),
+    (
+        "data-seq-length-one",
+        [
+            "data",
+            "prepare",
+            "--input",
+            f"{BAD}/list.yaml",
+            "--out",
+            "{out}",
+            "--seq-length",
+            "1",
+            "--train-tokenizer",
+            "300",
+        ],
+        r"--seq-length: 1 must be at least 2",
+    ),
+    (
+        "data-tiny-vocab",
+        ["data", "prepare", "--input", f"{BAD}/list.yaml", "--out", "{out}", "--train-tokenizer", "10"],
+        r"--train-tokenizer: vocabulary 10",
+    ),
+    (
+        "data-needs-a-tokenizer",
+        ["data", "prepare", "--input", f"{BAD}/list.yaml", "--out", "{out}"],
+        r"one of the arguments --tokenizer --train-tokenizer is required",
+    ),
+    # checkpoints
+    (
+        "export-missing-checkpoint",
+        ["export", "--model", TINY, "--checkpoint", f"{BAD}/absent", "--out", "{out}"],
+        r"--checkpoint: .* is not a directory",
+    ),
+    (
+        "export-no-complete-checkpoint",
+        ["export", "--model", TINY, "--checkpoint", str(BAD), "--out", "{out}"],
+        r"holds no complete checkpoint",
+    ),
+    (
+        "convert-no-complete-checkpoint",
+        ["checkpoint", "convert", "--checkpoint", str(BAD), "--out", "{out}"],
+        r"holds no complete checkpoint",
+    ),
+]
+
+
+def test_catalogue_is_large() -> None:
+    assert len(CASES) >= 40
+    assert len({c[0] for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize(("argv", "pattern"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input(tmp_path: Path, argv: list[str], pattern: str) -> None:
+    out = tmp_path / "output"
+    r = dstk(*[a.replace("{out}", str(out)) for a in argv])
+    assert r.code == 2, (r.code, r.out[-500:], r.err[-2000:])
+    lines = [line for line in r.err.splitlines() if line.strip() and "[WARNING]" not in line]
+    assert len(lines) == 1, r.err
+    assert "Traceback" not in r.err and re.search(pattern, lines[0]), lines[0]
+    assert not out.exists(), f"{out} was left behind"
