@@ -28,6 +28,7 @@ def summarize(trainer: Any, run: Any, layout: Layout) -> dict[str, Any]:
         "param_norm": trainer.param_norm(),
         "params_on_rank": _params_on_rank(trainer),
         "aux_losses": trainer.record.aux_losses,
+        "comm_bytes_per_step": _comm_bytes_per_step(trainer),
         "model_state_bytes": trainer.record.model_states,
         "checkpoint_dir": str(run.checkpoint_dir) if run.checkpoint_dir else None,
     }
@@ -41,6 +42,18 @@ def summarize(trainer: Any, run: Any, layout: Layout) -> dict[str, Any]:
         (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
         print_comparison(summary)
     return summary
+
+
+def _comm_bytes_per_step(trainer: Any) -> float:
+    """Bytes this rank passed to collectives per step, from DeepSpeed's comms logger when the config enabled it
+    (message sizes as DeepSpeed records them); 0 otherwise."""
+    from deepspeed.comm import comm
+
+    logger = getattr(comm, "comms_logger", None)
+    if logger is None or not getattr(logger, "enabled", False) or not trainer.meter.step_times:
+        return 0.0
+    total = sum(size * rec[0] for op in logger.comms_dict.values() for size, rec in op.items())
+    return total / len(trainer.meter.step_times)
 
 
 def _params_on_rank(trainer: Any) -> list[dict[str, int]]:

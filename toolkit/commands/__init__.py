@@ -24,6 +24,7 @@ VERBS: dict[str, tuple[str, str]] = {
         "launch",
         "Write the hostfile and run (or print) the deepspeed launcher command for dstk train.",
     ),
+    "calibrate": ("calibrate", "Measure this machine and write a cluster description for the planner."),
     "checkpoint": (
         "checkpoint",
         "Convert a checkpoint to DeepSpeed's universal format to resume on another world size.",

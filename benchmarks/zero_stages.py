@@ -1,0 +1,387 @@
+"""ZeRO stages side by side, each measured beside what `dstk estimate` predicted for it.
+
+One run per (stage, micro-batch): ZeRO 0, 1, 2, 3 and 3 + CPU offload, through `dstk launch` → `dstk train` on
+2 ranks (gloo on CPU; `--device cuda` uses the GPUs and NCCL). Per row: step time, tokens/s, model-state
+bytes per rank held by the engine, peak memory per rank (RSS, or max allocated on CUDA), communication
+volume (DeepSpeed's comms logger), DeepSpeed's own model-state estimator, and dstk's prediction with the
+ratio. Then the layout `dstk plan` picks for the same model and cluster — with no trial run — is compared
+with the best measured row. Writes CSV, JSON, Markdown and PNG charts to benchmarks/results/.
+
+Usage: python benchmarks/zero_stages.py [--quick] [--cluster FILE] [--steps N]
+       (--quick: a tiny model, two stages, one micro-batch: a CI smoke run in well under 3 minutes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import result_path, stamp, write_json
+
+REPO = Path(__file__).resolve().parents[1]
+FULL_MODEL = {
+    "name": "gpt2-63m",
+    "architecture": "gpt2",
+    "n_layers": 8,
+    "hidden_size": 768,
+    "n_heads": 12,
+    "vocab_size": 8192,
+    "seq_length": 256,
+    "max_position_embeddings": 256,
+    "dropout": False,
+}
+QUICK_MODEL = {
+    "name": "gpt2-tiny",
+    "architecture": "gpt2",
+    "n_layers": 2,
+    "hidden_size": 128,
+    "n_heads": 4,
+    "vocab_size": 1024,
+    "seq_length": 64,
+    "max_position_embeddings": 64,
+    "dropout": False,
+}
+COLUMNS = [
+    "stage",
+    "offload",
+    "micro_batch",
+    "global_batch",
+    "step_time_s",
+    "predicted_step_time_s",
+    "step_time_ratio",
+    "tokens_per_s",
+    "predicted_tokens_per_s",
+    "model_states_bytes",
+    "predicted_model_states_bytes",
+    "model_states_ratio",
+    "peak_memory_bytes",
+    "predicted_total_bytes",
+    "memory_ratio",
+    "comm_bytes_per_step",
+    "deepspeed_estimator_bytes",
+    "final_loss",
+]
+
+
+def dstk(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [sys.executable, "-m", "toolkit.cli", *args], cwd=REPO, capture_output=True, text=True, env=env
+    )
+    if proc.returncode:
+        raise SystemExit(f"dstk {args[0]} failed:\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def deepspeed_estimate(n_params: int, stage: int, offload: bool, ranks: int) -> float | None:
+    """DeepSpeed's own model-state estimator (GPU bytes per rank), for the comparison table."""
+    try:
+        if stage == 3:
+            from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+
+            _, gpu, _ = estimate_zero3_model_states_mem_needs(
+                n_params, 0, ranks, 1, cpu_offload=offload, cpu_offload_params=offload, zero_init=True
+            )
+            return float(gpu)
+        if stage in (1, 2):
+            from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+            _, gpu = estimate_zero2_model_states_mem_needs(n_params, ranks, 1, cpu_offload=offload)
+            return float(gpu)
+    except Exception:  # an informational column: a DeepSpeed API change must not stop the run
+        return None
+    return None
+
+
+def comm_bytes(summary: dict[str, Any]) -> float:
+    return float(summary.get("comm_bytes_per_step", 0.0))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--cluster", help="cluster file to predict against (default: calibrate this machine)")
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument(
+        "--out-dir", type=Path, default=None, help="where to write (default benchmarks/results)"
+    )
+    args = parser.parse_args()
+    import yaml
+
+    model = QUICK_MODEL if args.quick else FULL_MODEL
+    stages = (
+        [(0, "none"), (3, "none")]
+        if args.quick
+        else [(0, "none"), (1, "none"), (2, "none"), (3, "none"), (3, "cpu")]
+    )
+    micros = [4] if args.quick else [2, 4, 8]
+    steps = args.steps or (3 if args.quick else 6)
+    global_batch = 2 * max(micros)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        model_file = t / "model.yaml"
+        model_file.write_text(yaml.safe_dump(model))
+        cluster = args.cluster
+        if cluster is None:
+            cluster = str(t / "cluster.yaml")
+            dstk("calibrate", "--ranks", "2", "-o", cluster, env=env)
+        dstk(
+            "data", "generate", "--out", str(t / "raw"), "--docs-per-domain", "600" if args.quick else "3000"
+        )
+        dstk(
+            "data",
+            "prepare",
+            "--input",
+            *map(str, sorted((t / "raw").glob("*.jsonl"))),
+            "--out",
+            str(t / "data"),
+            "--seq-length",
+            str(model["seq_length"]),
+            "--train-tokenizer",
+            str(min(model["vocab_size"], 4096)),
+        )
+        from toolkit.load import load_model
+
+        n_params = load_model(str(model_file)).n_params()
+        for stage, offload in stages:
+            for micro in micros:
+                name = f"z{stage}{'-off' if offload != 'none' else ''}-m{micro}"
+                cfg = t / f"{name}.json"
+                dstk(
+                    "config",
+                    "--model",
+                    str(model_file),
+                    "--cluster",
+                    cluster,
+                    "--zero-stage",
+                    str(stage),
+                    "--offload-optimizer",
+                    offload,
+                    "--offload-param",
+                    offload if stage == 3 else "none",
+                    "--micro-batch",
+                    str(micro),
+                    "--global-batch",
+                    str(global_batch),
+                    "--recompute",
+                    "selective",
+                    "--train-steps",
+                    str(steps),
+                    "--warmup-steps",
+                    "1",
+                    "--comms-logger",
+                    "--log-dir",
+                    str(t / name / "logs"),
+                    "-o",
+                    str(cfg),
+                )
+                run = t / name
+                dstk(
+                    "launch",
+                    "--cluster",
+                    cluster,
+                    "--config",
+                    str(cfg),
+                    "--run-dir",
+                    str(run / "launch"),
+                    "--",
+                    "--model",
+                    str(model_file),
+                    "--data",
+                    str(t / "data"),
+                    "--steps",
+                    str(steps),
+                    "--run-dir",
+                    str(run),
+                    "--log-every",
+                    str(steps),
+                    "--no-progress",
+                    env=env,
+                )
+                s = json.loads((run / "summary.json").read_text())
+                p = s["predicted"]
+                measured_states = max(
+                    s["model_state_bytes"].get("after_backward") or s["model_state_bytes"]["after_step"]
+                )
+                row = {
+                    "stage": stage,
+                    "offload": offload,
+                    "micro_batch": micro,
+                    "global_batch": global_batch,
+                    "step_time_s": s["step_time_s"],
+                    "predicted_step_time_s": p["step_time_s"],
+                    "tokens_per_s": s["tokens_per_s"],
+                    "predicted_tokens_per_s": p["tokens_per_s"],
+                    "model_states_bytes": measured_states,
+                    "predicted_model_states_bytes": p["engine_model_states_bytes"]["total"],
+                    "peak_memory_bytes": max(s["peak_memory_bytes"]),
+                    "predicted_total_bytes": p["memory_per_gpu_bytes"]["total"],
+                    "comm_bytes_per_step": comm_bytes(s),
+                    "deepspeed_estimator_bytes": deepspeed_estimate(n_params, stage, offload != "none", 2),
+                    "final_loss": s["losses"][-1],
+                }
+                row["step_time_ratio"] = row["step_time_s"] / row["predicted_step_time_s"]
+                row["model_states_ratio"] = row["model_states_bytes"] / row["predicted_model_states_bytes"]
+                row["memory_ratio"] = row["peak_memory_bytes"] / row["predicted_total_bytes"]
+                rows.append(row)
+                print(
+                    f"{name:>10}: step {row['step_time_s']:.3f} s (pred {row['predicted_step_time_s']:.3f}, "
+                    f"×{row['step_time_ratio']:.2f}); peak {row['peak_memory_bytes'] / 2**30:.2f} GiB "
+                    f"(pred {row['predicted_total_bytes'] / 2**30:.2f}, ×{row['memory_ratio']:.2f}); states "
+                    f"×{row['model_states_ratio']:.3f}",
+                    flush=True,
+                )
+        plan = json.loads(
+            dstk(
+                "plan",
+                "--model",
+                str(model_file),
+                "--cluster",
+                cluster,
+                "--global-batch",
+                str(global_batch),
+                "--tp",
+                "1",
+                "--pp",
+                "1",
+                "--recompute",
+                "selective",
+                "--json",
+            ).stdout
+        )
+        cluster_text = Path(cluster).read_text()
+    chosen = plan["layout"]
+    picked = [
+        r
+        for r in rows
+        if r["stage"] == chosen["zero_stage"]
+        and r["micro_batch"] == chosen["micro_batch_size"]
+        and r["offload"] == chosen["offload_optimizer"]
+    ]
+    best = max(rows, key=lambda r: r["tokens_per_s"])
+    pick = {
+        "layout": f"ZeRO-{chosen['zero_stage']} micro {chosen['micro_batch_size']} offload "
+        f"{chosen['offload_optimizer']}",
+        "measured_tokens_per_s": picked[0]["tokens_per_s"] if picked else None,
+        "best_layout": f"ZeRO-{best['stage']} micro {best['micro_batch']} offload {best['offload']}",
+        "best_tokens_per_s": best["tokens_per_s"],
+    }
+    pick["fraction_of_best"] = pick["measured_tokens_per_s"] / best["tokens_per_s"] if picked else None
+    z0 = [r for r in rows if r["stage"] == 0 and r["offload"] == "none"]
+    z3 = [r for r in rows if r["stage"] == 3 and r["offload"] == "none"]
+    states_ratio = z3[0]["model_states_bytes"] / z0[0]["model_states_bytes"] if z0 and z3 else None
+    write_outputs(rows, pick, states_ratio, model, cluster_text, args)
+    return 0
+
+
+def write_outputs(
+    rows: list[dict[str, Any]],
+    pick: dict[str, Any],
+    states_ratio: float | None,
+    model: dict[str, Any],
+    cluster_text: str,
+    args: argparse.Namespace,
+) -> None:
+    tag = "zero_stages_quick" if args.quick else "zero_stages"
+    out_dir = args.out_dir
+    paths = {
+        k: (out_dir / f"{tag}.{k}" if out_dir else result_path(tag, k)) for k in ("csv", "md", "png", "json")
+    }
+    if out_dir:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    with paths["csv"].open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    worst_time = max(rows, key=lambda r: max(r["step_time_ratio"], 1 / r["step_time_ratio"]))
+    worst_mem = max(rows, key=lambda r: abs(r["memory_ratio"] - 1))
+    record = {
+        "rows": rows,
+        "plan_pick": pick,
+        "zero3_over_zero0_model_states": states_ratio,
+        "model": model,
+        "cluster": cluster_text,
+        "worst_step_time_ratio": worst_time["step_time_ratio"],
+        "worst_memory_ratio": worst_mem["memory_ratio"],
+    }
+    if out_dir:
+        paths["json"].write_text(json.dumps({**stamp(), **record}, indent=2, sort_keys=True) + "\n")
+    else:
+        write_json(tag, record)
+    lines = [
+        f"# ZeRO stages, measured vs predicted ({model['name']}, 2 ranks)",
+        "",
+        f"Command: `python benchmarks/zero_stages.py{' --quick' if args.quick else ''}`",
+        "",
+        "| stage | offload | micro | step s | pred | ×  | tokens/s | states MB | pred | × | peak GiB | pred | × |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['stage']} | {r['offload']} | {r['micro_batch']} | {r['step_time_s']:.3f} | {r['predicted_step_time_s']:.3f} "
+            f"| {r['step_time_ratio']:.2f} | {r['tokens_per_s']:,.0f} | {r['model_states_bytes'] / 1e6:.1f} | "
+            f"{r['predicted_model_states_bytes'] / 1e6:.1f} | {r['model_states_ratio']:.3f} | {r['peak_memory_bytes'] / 2**30:.2f} "
+            f"| {r['predicted_total_bytes'] / 2**30:.2f} | {r['memory_ratio']:.2f} |"
+        )
+    lines += [
+        "",
+        f"- ZeRO-3 / ZeRO-0 model states per rank: {states_ratio:.4f} (1/N = 0.5)" if states_ratio else "",
+        f"- Worst step-time ratio (measured/predicted): {worst_time['step_time_ratio']:.2f}; worst memory ratio: "
+        f"{worst_mem['memory_ratio']:.2f}",
+        f"- dstk plan picked {pick['layout']} (no trial runs): {pick['fraction_of_best']:.1%} of the best measured "
+        f"({pick['best_layout']})"
+        if pick["fraction_of_best"]
+        else f"- dstk plan picked {pick['layout']}, not in the grid",
+        f"- Charts: `{paths['png'].name}`",
+    ]
+    paths["md"].write_text("\n".join(lines) + "\n")
+    plot(rows, paths["png"])
+    print(f"wrote {paths['csv']}, {paths['md']}, {paths['png']}")
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"Z{r['stage']}{'+off' if r['offload'] != 'none' else ''}\nm{r['micro_batch']}" for r in rows]
+    x = range(len(rows))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    axes[0].bar(
+        [i - 0.2 for i in x], [r["peak_memory_bytes"] / 2**30 for r in rows], 0.4, label="measured peak"
+    )
+    axes[0].bar(
+        [i + 0.2 for i in x], [r["predicted_total_bytes"] / 2**30 for r in rows], 0.4, label="predicted"
+    )
+    axes[0].set_title("memory per rank (GiB)")
+    axes[1].bar([i - 0.2 for i in x], [r["tokens_per_s"] for r in rows], 0.4, label="measured")
+    axes[1].bar([i + 0.2 for i in x], [r["predicted_tokens_per_s"] for r in rows], 0.4, label="predicted")
+    axes[1].set_title("tokens/s")
+    for ax in axes[:2]:
+        ax.set_xticks(list(x), labels, fontsize=7)
+        ax.legend()
+    axes[2].scatter([r["predicted_step_time_s"] for r in rows], [r["step_time_s"] for r in rows])
+    lim = max(max(r["step_time_s"], r["predicted_step_time_s"]) for r in rows) * 1.1
+    axes[2].plot([0, lim], [0, lim], "k--", linewidth=0.8)
+    axes[2].set_xlabel("predicted step time (s)")
+    axes[2].set_ylabel("measured step time (s)")
+    axes[2].set_title("step time")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
