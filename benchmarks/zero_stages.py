@@ -1,14 +1,18 @@
 """ZeRO stages side by side, each measured beside what `dstk estimate` predicted for it.
 
 One run per (stage, micro-batch): ZeRO 0, 1, 2, 3 and 3 + CPU offload, through `dstk launch` → `dstk train` on
-2 ranks (gloo on CPU; `--device cuda` uses the GPUs and NCCL). Per row: step time, tokens/s, model-state
+2 ranks (gloo on CPU; on a GPU machine DeepSpeed picks the GPUs and NCCL — pass a larger `--model` there). Per row: step time, tokens/s, model-state
 bytes per rank held by the engine, peak memory per rank (RSS, or max allocated on CUDA), communication
 volume (DeepSpeed's comms logger), DeepSpeed's own model-state estimator, and dstk's prediction with the
 ratio. Then the layout `dstk plan` picks for the same model and cluster — with no trial run — is compared
 with the best measured row. Writes CSV, JSON, Markdown and PNG charts to benchmarks/results/.
 
-Usage: python benchmarks/zero_stages.py [--quick] [--cluster FILE] [--steps N]
+Usage: python benchmarks/zero_stages.py [--quick] [--cluster FILE] [--model M] [--micro-batches 2,4,8]
+                                        [--steps N] [--out-dir DIR]
        (--quick: a tiny model, two stages, one micro-batch: a CI smoke run in well under 3 minutes)
+
+HF Accelerate's DeepSpeed plugin is not in the comparison on CPU: Accelerate cannot drive DeepSpeed on the
+CPU accelerator (it runs N independent jobs or drops DeepSpeed; ../shared/RECIPES.md).
 """
 
 from __future__ import annotations
@@ -16,15 +20,22 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import result_path, stamp, write_json
+from benchmarks.common import (
+    bench_env,
+    cluster_for,
+    dstk,
+    prepare_data,
+    result_path,
+    stamp,
+    train,
+    write_json,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 FULL_MODEL = {
@@ -71,13 +82,11 @@ COLUMNS = [
 ]
 
 
-def dstk(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        [sys.executable, "-m", "toolkit.cli", *args], cwd=REPO, capture_output=True, text=True, env=env
-    )
-    if proc.returncode:
-        raise SystemExit(f"dstk {args[0]} failed:\n{proc.stderr[-3000:]}")
-    return proc
+def accelerator_of(cluster: str) -> str:
+    """The accelerator of the cluster the predictions are made for (`cpu`, `cuda`, ...)."""
+    from toolkit.load import load_cluster
+
+    return load_cluster(cluster).accelerator
 
 
 def deepspeed_estimate(n_params: int, stage: int, offload: bool, ranks: int) -> float | None:
@@ -110,6 +119,10 @@ def main() -> int:
     )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--cluster", help="cluster file to predict against (default: calibrate this machine)")
+    parser.add_argument("--model", help="dstk model file or preset (default: a 63M GPT-2; --quick: 1M)")
+    parser.add_argument(
+        "--micro-batches", help="comma-separated micro-batch sizes (default 2,4,8; --quick 4)"
+    )
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument(
         "--out-dir", type=Path, default=None, help="where to write (default benchmarks/results)"
@@ -118,99 +131,52 @@ def main() -> int:
     import yaml
 
     model = QUICK_MODEL if args.quick else FULL_MODEL
+    if args.model:
+        from toolkit.load import load_model
+
+        model = load_model(args.model).model_dump(mode="json")
     stages = (
         [(0, "none"), (3, "none")]
         if args.quick
         else [(0, "none"), (1, "none"), (2, "none"), (3, "none"), (3, "cpu")]
     )
-    micros = [4] if args.quick else [2, 4, 8]
+    micros = (
+        [int(m) for m in args.micro_batches.split(",")]
+        if args.micro_batches
+        else [4]
+        if args.quick
+        else [2, 4, 8]
+    )
     steps = args.steps or (3 if args.quick else 6)
     global_batch = 2 * max(micros)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = bench_env()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
         model_file = t / "model.yaml"
         model_file.write_text(yaml.safe_dump(model))
-        cluster = args.cluster
-        if cluster is None:
-            cluster = str(t / "cluster.yaml")
-            dstk("calibrate", "--ranks", "2", "-o", cluster, env=env)
-        dstk(
-            "data", "generate", "--out", str(t / "raw"), "--docs-per-domain", "600" if args.quick else "3000"
-        )
-        dstk(
-            "data",
-            "prepare",
-            "--input",
-            *map(str, sorted((t / "raw").glob("*.jsonl"))),
-            "--out",
-            str(t / "data"),
-            "--seq-length",
-            str(model["seq_length"]),
-            "--train-tokenizer",
-            str(min(model["vocab_size"], 4096)),
-        )
-        from toolkit.load import load_model
+        cluster = cluster_for(t, args.cluster, env)
+        data = prepare_data(t, model, 600 if args.quick else 3000)
+        from toolkit.load import load_cluster, load_model
 
         n_params = load_model(str(model_file)).n_params()
         for stage, offload in stages:
             for micro in micros:
                 name = f"z{stage}{'-off' if offload != 'none' else ''}-m{micro}"
-                cfg = t / f"{name}.json"
-                dstk(
-                    "config",
-                    "--model",
-                    str(model_file),
-                    "--cluster",
-                    cluster,
-                    "--zero-stage",
-                    str(stage),
-                    "--offload-optimizer",
-                    offload,
-                    "--offload-param",
-                    offload if stage == 3 else "none",
-                    "--micro-batch",
-                    str(micro),
+                layout = ["--zero-stage", str(stage), "--offload-optimizer", offload]
+                layout += ["--offload-param", offload if stage == 3 else "none", "--micro-batch", str(micro)]
+                layout += [
                     "--global-batch",
                     str(global_batch),
                     "--recompute",
                     "selective",
-                    "--train-steps",
-                    str(steps),
                     "--warmup-steps",
                     "1",
-                    "--comms-logger",
-                    "--log-dir",
-                    str(t / name / "logs"),
-                    "-o",
-                    str(cfg),
-                )
-                run = t / name
-                dstk(
-                    "launch",
-                    "--cluster",
-                    cluster,
-                    "--config",
-                    str(cfg),
-                    "--run-dir",
-                    str(run / "launch"),
-                    "--",
-                    "--model",
-                    str(model_file),
-                    "--data",
-                    str(t / "data"),
-                    "--steps",
-                    str(steps),
-                    "--run-dir",
-                    str(run),
-                    "--log-every",
-                    str(steps),
-                    "--no-progress",
-                    env=env,
-                )
-                s = json.loads((run / "summary.json").read_text())
+                ]
+                s = train(t / name, model_file, cluster, data, steps, layout, env)
                 p = s["predicted"]
+                # on the CPU accelerator "device" and "host" are the same RAM: offloaded states count in RSS
+                host = p["cpu_memory_per_node_bytes"] / 2 if accelerator_of(cluster) == "cpu" else 0.0
                 measured_states = max(
                     s["model_state_bytes"].get("after_backward") or s["model_state_bytes"]["after_step"]
                 )
@@ -224,9 +190,9 @@ def main() -> int:
                     "tokens_per_s": s["tokens_per_s"],
                     "predicted_tokens_per_s": p["tokens_per_s"],
                     "model_states_bytes": measured_states,
-                    "predicted_model_states_bytes": p["engine_model_states_bytes"]["total"],
+                    "predicted_model_states_bytes": p["engine_model_states_bytes"]["total"] + host,
                     "peak_memory_bytes": max(s["peak_memory_bytes"]),
-                    "predicted_total_bytes": p["memory_per_gpu_bytes"]["total"],
+                    "predicted_total_bytes": p["memory_per_gpu_bytes"]["total"] + host,
                     "comm_bytes_per_step": comm_bytes(s),
                     "deepspeed_estimator_bytes": deepspeed_estimate(n_params, stage, offload != "none", 2),
                     "final_loss": s["losses"][-1],
@@ -260,7 +226,7 @@ def main() -> int:
                 "--json",
             ).stdout
         )
-        cluster_text = Path(cluster).read_text()
+        cluster_text = yaml.safe_dump(load_cluster(cluster).model_dump(mode="json"), sort_keys=False)
     chosen = plan["layout"]
     picked = [
         r

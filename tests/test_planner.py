@@ -116,6 +116,8 @@ RULE_CASES = [
         dict(zero_stage=3, zeropp=True),
         r"AutoEP at ZeRO stage 3",
     ),
+    ("lora_targets_exist", "gpt2", "dgx-a100-80g", {}, dict(lora="r=8,targets=q_proj"), r"valid: c_attn"),
+    ("lora_is_data_parallel", "llama-7b", "dgx-a100-80g", {}, dict(lora="r=8", tp=2), r"data parallelism"),
 ]
 
 

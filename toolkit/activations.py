@@ -41,11 +41,12 @@ class ActivationTerms:
 def _mlp_saved(model: ModelSpec) -> int:
     """Tensors of the MLP's inner width autograd keeps: a fused GeLU (Megatron, nn.GELU) its input and the
     second matmul's input, 2; a gated MLP gate, up, act(gate) and their product, 4; HF GPT-2's `gelu_new`
-    (tanh approximation written as five elementwise ops) five inside the activation plus the matmul input, 6
-    (measured: five 4h-sized tensors per layer on CPU)."""
+    (tanh approximation written as eight elementwise ops) 5: its input x, tanh(·), 0.5·x, 1 + tanh(·) and the
+    output, which is the second matmul's input (counted with autograd's saved-tensor hooks on the HF module;
+    tests/test_estimate.py)."""
     if model.gated_mlp:
         return 4
-    return 6 if model.activation == "gelu_new" else 2
+    return 5 if model.activation == "gelu_new" else 2
 
 
 def block_terms(model: ModelSpec, tokens: int, act_bytes: int, moe: bool) -> ActivationTerms:

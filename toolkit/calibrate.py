@@ -44,6 +44,53 @@ def _matmul_tflops(dtype: Any, shape: tuple[int, int, int], device: Any, sync: A
     return 2 * m * k * n / _timeit(lambda: a @ b, repeat, sync) / 1e12
 
 
+def _linear_train_tflops(dtype: Any, shape: tuple[int, int, int], device: Any, sync: Any) -> float:
+    """A Linear layer's forward and backward (input and weight gradients: the transposed GEMMs training runs,
+    which on some back-ends are slower than the plain product), 6·m·k·n FLOPs."""
+    import torch
+
+    m, k, n = shape
+    layer = torch.nn.Linear(k, n, bias=False, device=device, dtype=dtype)
+    x = torch.randn(m, k, dtype=dtype, device=device, requires_grad=True)
+    grad = torch.randn(m, n, dtype=dtype, device=device)
+
+    def step() -> None:
+        layer(x).backward(grad)
+
+    return 6 * m * k * n / _timeit(step, 3, sync) / 1e12
+
+
+def _attention_tflops(dtype: Any, device: Any, sync: Any) -> float:
+    """Causal scaled-dot-product attention forward and backward at a training shape, in the FLOPs the cost
+    model counts for it (4·s·h per token forward, i.e. QKᵀ and AV without the causal half skipped, ×3)."""
+    import torch
+    import torch.nn.functional as F
+
+    on_cpu = torch.device(device).type == "cpu"
+    b, heads, s, d = (4, 12, 256, 64) if on_cpu else (4, 16, 2048, 128)
+    q, k, v = (torch.randn(b, heads, s, d, dtype=dtype, device=device, requires_grad=True) for _ in range(3))
+    grad = torch.randn(b, heads, s, d, dtype=dtype, device=device)
+
+    def step() -> None:
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+
+    return 3 * 4 * b * s * s * heads * d / _timeit(step, 3, sync) / 1e12
+
+
+def _elementwise_gb_per_s(dtype: Any, device: Any, sync: Any, numel: int = 1 << 23) -> float:
+    """Bandwidth of memory-bound kernels at the training dtype (a scalar multiply, then a sum of two
+    tensors: 2 + 3 passes), which is what norms, activations and residual adds achieve."""
+    import torch
+
+    x = torch.randn(numel, dtype=dtype, device=device)
+    y = torch.randn(numel, dtype=dtype, device=device)
+
+    def ops() -> None:
+        torch.add(x.mul(1.5), y)
+
+    return 5 * numel * x.element_size() / _timeit(ops, 5, sync) / 1e9
+
+
 def _copy_gb_per_s(device: Any, sync: Any, numel: int = 1 << 25) -> float:
     import torch
 
@@ -74,7 +121,7 @@ def _collectives(device: Any, sync: Any, world: int) -> dict[str, dict[str, floa
 
     sizes = (1 << 8, 1 << 22, 1 << 24)  # elements (fp32): 1 KB, 16 MB, 64 MB
     out = {}
-    for name in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+    for name in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "reduce"):
         times = []
         for numel in sizes:
             x = torch.ones(numel, device=device)
@@ -86,10 +133,12 @@ def _collectives(device: Any, sync: Any, world: int) -> dict[str, dict[str, floa
                 "all_gather": lambda x=x, g=gathered: dist.all_gather_into_tensor(g, x),
                 "reduce_scatter": lambda x=x, p=part: dist.reduce_scatter_tensor(p, x),
                 "all_to_all": lambda x=x, y=y: dist.all_to_all_single(y, x),
+                "reduce": lambda x=x: dist.reduce(x, dst=0),
             }
             dist.barrier()
             times.append(_timeit(ops[name], 7 if numel > 4096 else 30, sync))
-        factor = 2 * (world - 1) / world if name == "all_reduce" else (world - 1) / world
+        # nccl-tests' bus-bandwidth factors: 2(n-1)/n all-reduce, 1 reduce, (n-1)/n the rings
+        factor = {"all_reduce": 2 * (world - 1) / world, "reduce": 1.0}.get(name, (world - 1) / world)
         bus = [n * 4 * (world if name == "all_gather" else 1) * factor for n in sizes]
         busbw = (bus[2] - bus[1]) / max(times[2] - times[1], 1e-9)
         latency = max(times[0] - bus[0] / busbw, 0.0)
@@ -97,23 +146,53 @@ def _collectives(device: Any, sync: Any, world: int) -> dict[str, dict[str, floa
     return out
 
 
-def _training_baseline_gib(device: Any) -> float:
-    """RSS of a rank that has done what a training rank does before its model matters: the imports, the
-    process group, and one step of a 1,000-parameter model through the engine (allocator, autograd, threads)."""
+ENGINE_PROBE = {"n_embd": 32, "n_head": 2, "vocab_size": 128, "n_positions": 16}
+"""A GPT-2 so small that its arithmetic is negligible: what one of its steps costs is the host's part."""
+
+
+def _engine_probe(device: Any, steps: int = 12) -> dict[str, float]:
+    """Seconds per optimizer step of a 1- and a 5-block HF GPT-2 (bf16, ZeRO-0, clipping, warm-up schedule: a
+    dstk config's shape) through the DeepSpeed engine, and the RSS afterwards. A quarter of the difference
+    is one block's host cost (eager ops, autograd, optimizer loop over its tensors) per micro-batch; what the
+    1-block step costs beyond one block is the engine's fixed per-step cost (bookkeeping, clipping,
+    scheduler, loss reduction). Run the same way on every rank, so the gradient all-reduce is in it too."""
     import deepspeed
     import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
 
-    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 1)).to(device)
     cfg = {
         "train_micro_batch_size_per_gpu": 1,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": 1.0,
+        "bf16": {"enabled": True},
+        "zero_optimization": {"stage": 0},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
+        "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}},
         "steps_per_print": 10**9,
     }
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
-    loss = engine(torch.ones(1, 32, device=device)).sum()
-    engine.backward(loss)
-    engine.step()
-    return _rss_gib()
+    times = {}
+    for layers in (1, 5):
+        model = GPT2LMHeadModel(GPT2Config(n_layer=layers, **ENGINE_PROBE)).to(device)
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+        x = torch.randint(0, ENGINE_PROBE["vocab_size"], (1, ENGINE_PROBE["n_positions"]), device=device)
+
+        def step(engine: Any = engine, x: Any = x) -> None:
+            loss = engine(input_ids=x, labels=x).loss
+            engine.backward(loss)
+            engine.step()
+            loss.item()
+
+        times[layers] = (
+            _timeit(lambda: [step() for _ in range(steps)], 1, deepspeed.get_accelerator().synchronize)
+            / steps
+        )
+        del engine, model
+    block = max(times[5] - times[1], 0.0) / 4
+    return {
+        "block_s": block,
+        "step_s": max(times[1] - block, 0.0),
+        "rss_gib": _rss_gib(),
+    }
 
 
 def _rss_gib() -> float:
@@ -149,31 +228,42 @@ def _worker(rank: int, world: int, port: int, nvme: str | None, queue: Any) -> N
         WORLD_SIZE=str(world),
         LOCAL_RANK=str(rank),
     )
+    # the modeling code a training rank loads (bare `import transformers` is 19 MiB of the 126 it costs)
+    import datasets  # noqa: F401 - dstk's data loader reads through it
     import deepspeed
     import torch
     import torch.distributed as dist
-    import transformers  # noqa: F401 - imported to count its memory like a training rank does
+    from transformers import GPT2LMHeadModel, LlamaForCausalLM  # noqa: F401
 
     accel = deepspeed.get_accelerator()
     accel.set_device(rank)
+    if accel.device_name() == "cpu":
+        # as `dstk launch` runs CPU ranks: the cores shared out, no oversubscribed OpenMP pools
+        torch.set_num_threads(
+            int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, (os.cpu_count() or 1) // world)
+        )
     device = accel.device_name(rank)
     sync = accel.synchronize
     deepspeed.init_distributed(dist_init_required=True)
     result: dict[str, Any] = {
         "rank": rank,
         "accelerator": accel.device_name(),
-        "framework_gib": _training_baseline_gib(device),
+        "engine": _engine_probe(device),
     }
     dist.barrier()
     result["large_tflops"] = {
         dt: _matmul_tflops(getattr(torch, dt), LARGE_SHAPE, device, sync) for dt in ("bfloat16", "float32")
     }
     result["training_tflops"] = {
-        dt: statistics.median(_matmul_tflops(getattr(torch, dt), s, device, sync) for s in TRAINING_SHAPES)
+        dt: statistics.median(
+            _linear_train_tflops(getattr(torch, dt), s, device, sync) for s in TRAINING_SHAPES
+        )
         for dt in ("bfloat16", "float32")
     }
+    result["attention_tflops"] = _attention_tflops(torch.bfloat16, device, sync)
     dist.barrier()
     result["copy_gb_per_s"] = _copy_gb_per_s(device, sync)
+    result["elementwise_gb_per_s"] = _elementwise_gb_per_s(torch.bfloat16, device, sync)
     result["op_us"] = _op_overhead_us(device, sync)
     dist.barrier()
     result["collectives"] = _collectives(device, sync, world) if world > 1 else {}
@@ -212,6 +302,26 @@ def measure(ranks: int, nvme: str | None = None) -> list[dict[str, Any]]:
     return sorted(results, key=lambda r: r["rank"])
 
 
+def _kernel_us(result: dict[str, Any]) -> float:
+    """Host cost per kernel as the cost model counts kernels: one block's measured host cost per micro-batch
+    over the kernels its forward and backward issue (3 × `kernels_per_block`); one bare eager op if the
+    probe's difference drowned in noise."""
+    from toolkit.compute import kernels_per_block
+    from toolkit.specs import ModelSpec
+
+    probe = ModelSpec(
+        name="probe",
+        architecture="gpt2",
+        n_layers=1,
+        hidden_size=32,
+        n_heads=2,
+        vocab_size=128,
+        seq_length=16,
+    )
+    per_kernel = result["engine"]["block_s"] / (3 * kernels_per_block(probe)) * 1e6
+    return per_kernel if per_kernel > result["op_us"] else result["op_us"]
+
+
 def _total_memory_gib() -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
 
@@ -223,10 +333,18 @@ def cluster_description(results: list[dict[str, Any]], name: str) -> dict[str, A
     peak = min(r["large_tflops"]["bfloat16"] for r in results)
     fp32 = min(r["large_tflops"]["float32"] for r in results)
     eff = min(r["training_tflops"]["bfloat16"] / r["large_tflops"]["bfloat16"] for r in results)
-    coll = results[0]["collectives"]
-    ring = [coll[k] for k in ("all_reduce", "all_gather", "reduce_scatter")] if coll else []
-    busbw = min(c["bus_gb_per_s"] for c in ring) if ring else 100.0
-    latency = statistics.median(c["latency_us"] for c in ring) if ring else 10.0
+    attention = min(r["attention_tflops"] / r["large_tflops"]["bfloat16"] for r in results)
+    coll = {
+        name: {
+            "bus_gb_per_s": min(r["collectives"][name]["bus_gb_per_s"] for r in results),
+            "latency_us": statistics.median(r["collectives"][name]["latency_us"] for r in results),
+        }
+        for name in results[0]["collectives"]
+    }
+    # all-reduce is the collective everyone quotes (nccl-tests); the others are kept beside it because on gloo
+    # they differ several-fold
+    busbw = coll["all_reduce"]["bus_gb_per_s"] if coll else 100.0
+    latency = statistics.median(c["latency_us"] for c in coll.values()) if coll else 10.0
     total_ram = _total_memory_gib()
     desc: dict[str, Any] = {
         "name": name,
@@ -240,8 +358,9 @@ def cluster_description(results: list[dict[str, Any]], name: str) -> dict[str, A
         "gpu_fp32_peak_tflops": round(fp32, 4),
         "supports_bf16": True,
         "supports_fp16": accel != "cpu",
-        "gpu_memory_gb_per_s": round(min(r["copy_gb_per_s"] for r in results), 2),
+        "gpu_memory_gb_per_s": round(min(r["elementwise_gb_per_s"] for r in results), 2),
         "gpu_matmul_efficiency": round(min(eff, 1.0), 3),
+        "attention_efficiency": round(min(attention, 1.0), 3),
         "intra_node_gb_per_s": round(busbw, 3),
         "inter_node_gb_per_s": round(busbw, 3),
         "pcie_gb_per_s": round(min(r.get("pcie_gb_per_s", r["copy_gb_per_s"]) for r in results), 2),
@@ -249,8 +368,10 @@ def cluster_description(results: list[dict[str, Any]], name: str) -> dict[str, A
         "cpu_memory_gb_per_s": round(sum(r["copy_gb_per_s"] for r in results), 2),
         "nvme_gib": 0,
         "collective_latency_us": round(latency, 1),
-        "kernel_launch_us": round(max(r["op_us"] for r in results), 2),
-        "framework_overhead_gib": round(max(r["framework_gib"] for r in results), 3),
+        "collective_bus_gb_per_s": {k: round(v["bus_gb_per_s"], 3) for k, v in coll.items()} or None,
+        "kernel_launch_us": round(max(_kernel_us(r) for r in results), 2),
+        "framework_overhead_gib": round(max(r["engine"]["rss_gib"] for r in results), 3),
+        "step_overhead_ms": round(max(r["engine"]["step_s"] for r in results) * 1e3, 2),
     }
     if results[0].get("nvme_gb_per_s"):
         desc["nvme_gb_per_s"] = round(results[0]["nvme_gb_per_s"], 2)

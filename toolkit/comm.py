@@ -50,9 +50,9 @@ def group(size: int, stride: int, cluster: ClusterSpec) -> Group:
     return Group(size=size, per_node=per_node)
 
 
-def bandwidth_bytes_per_s(g: Group, cluster: ClusterSpec) -> float:
-    """Per-rank bus bandwidth of a ring over the group, in bytes/s."""
-    intra = cluster.intra_node_gb_per_s * 1e9
+def bandwidth_bytes_per_s(g: Group, cluster: ClusterSpec, op: str = "all_reduce") -> float:
+    """Per-rank bus bandwidth of collective `op` over the group, in bytes/s."""
+    intra = (cluster.collective_bus_gb_per_s or {}).get(op, cluster.intra_node_gb_per_s) * 1e9
     if not g.spans_nodes:
         return intra
     return min(intra, g.per_node * cluster.inter_node_gb_per_s * 1e9)
@@ -93,19 +93,35 @@ def all_reduce_s(nbytes: float, g: Group, cluster: ClusterSpec, calls: float = 1
     """All-reduce of `nbytes` in `calls` buckets: ring bandwidth, tree latency."""
     if g.size <= 1 or nbytes <= 0:
         return 0.0
-    bandwidth = 2 * (g.size - 1) / g.size * nbytes / bandwidth_bytes_per_s(g, cluster)
+    bandwidth = 2 * (g.size - 1) / g.size * nbytes / bandwidth_bytes_per_s(g, cluster, "all_reduce")
     return bandwidth + tree_latency_s(g, cluster, calls)
 
 
-def all_gather_s(nbytes: float, g: Group, cluster: ClusterSpec, calls: float = 1) -> float:
-    """All-gather (or reduce-scatter) whose gathered result is `nbytes`, in `calls` buckets (rings)."""
+def reduce_to_owners_s(nbytes: float, g: Group, cluster: ClusterSpec, calls: float = 1) -> float:
+    """What DeepSpeed ZeRO-1/2 does instead of a reduce-scatter (`average_tensor` → `allreduce_no_retain`):
+    one `reduce` of each bucket's slice to the rank that owns it. A reduce moves its size at the reduce bus
+    bandwidth (nccl-tests: busBw = algBw), so the slices move `nbytes` in all; a bucket reduces once per
+    partition it overlaps, `calls` buckets over n partitions about `calls + n` reduces."""
     if g.size <= 1 or nbytes <= 0:
         return 0.0
-    bandwidth = (g.size - 1) / g.size * nbytes / bandwidth_bytes_per_s(g, cluster)
+    return nbytes / bandwidth_bytes_per_s(g, cluster, "reduce") + tree_latency_s(g, cluster, calls + g.size)
+
+
+def all_gather_s(nbytes: float, g: Group, cluster: ClusterSpec, calls: float = 1) -> float:
+    """All-gather whose gathered result is `nbytes`, in `calls` buckets (rings)."""
+    return _ring_s("all_gather", nbytes, g, cluster, calls)
+
+
+def reduce_scatter_s(nbytes: float, g: Group, cluster: ClusterSpec, calls: float = 1) -> float:
+    """Reduce-scatter of `nbytes` (the full, unscattered size), in `calls` buckets (rings)."""
+    return _ring_s("reduce_scatter", nbytes, g, cluster, calls)
+
+
+def _ring_s(op: str, nbytes: float, g: Group, cluster: ClusterSpec, calls: float) -> float:
+    if g.size <= 1 or nbytes <= 0:
+        return 0.0
+    bandwidth = (g.size - 1) / g.size * nbytes / bandwidth_bytes_per_s(g, cluster, op)
     return bandwidth + ring_latency_s(g, cluster, calls)
-
-
-reduce_scatter_s = all_gather_s
 
 
 def all_to_all_s(nbytes: float, g: Group, cluster: ClusterSpec, calls: float = 1) -> float:
@@ -118,8 +134,9 @@ def all_to_all_s(nbytes: float, g: Group, cluster: ClusterSpec, calls: float = 1
         return 0.0
     intra_part = nbytes * (g.per_node - 1) / g.size
     inter_part = nbytes * (g.size - g.per_node) / g.size
+    intra = (cluster.collective_bus_gb_per_s or {}).get("all_to_all", cluster.intra_node_gb_per_s)
     t = max(
-        intra_part / (cluster.intra_node_gb_per_s * 1e9),
+        intra_part / (intra * 1e9),
         inter_part / (cluster.inter_node_gb_per_s * 1e9) if inter_part else 0.0,
     )
     return t + ring_latency_s(g, cluster, calls)

@@ -3,8 +3,12 @@
 GEMMs run at `gpu_matmul_efficiency` of peak unless their arithmetic intensity puts them under the memory
 roofline (Williams et al. 2009): time = max(FLOPs / (peak · eff), bytes / HBM bandwidth). Norms, activations,
 residual adds and the softmax are memory-bound: their time is the bytes they read and write over the HBM
-bandwidth (forward one pass, backward about two). A block can never run faster than the host can issue its
-kernels (`kernel_launch_us` each), which is what bounds small models.
+bandwidth (forward one pass, backward about two), counted op by op as the HF modules run them (GPT-2's
+`gelu_new` is eight elementwise kernels). Fused attention runs at its own `attention_efficiency`.
+
+Issuing kernels costs `kernel_launch_us` each. On a GPU the host issues asynchronously, so a block can never
+run faster than its kernels can be issued (what bounds small models); on the CPU accelerator the same thread
+issues and computes, so the per-op cost (dispatch plus autograd bookkeeping) adds to the arithmetic.
 """
 
 from __future__ import annotations
@@ -14,9 +18,22 @@ from dataclasses import dataclass
 from toolkit.params import ParamCount
 from toolkit.specs import ClusterSpec, ModelSpec
 
-# Kernels one block launches in forward (norms, QKV, attention, projection, residuals, MLP pieces); backward
-# launches about twice as many. Counted from HF's GPT-2/Llama eager modules with fused SDPA attention.
-KERNELS_PER_BLOCK_FORWARD = 16
+# Kernels one block launches in forward besides its activation function (norms, QKV, attention, projection,
+# residuals, MLP matrices); backward launches about twice as many. Counted from HF's GPT-2/Llama eager modules
+# with fused SDPA attention.
+KERNELS_PER_BLOCK_FORWARD = 15
+
+# Elementwise kernels of the MLP activation in HF and the tensor passes (reads + writes, in units of the MLP
+# width) they make forward. gelu_new is NewGELUActivation, `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`:
+# pow, mul, add, mul, tanh, add, mul, mul — eight kernels, 18 passes. A gated MLP (SwiGLU) applies the
+# activation to the gate (2 passes) and multiplies by the up projection (3). gelu and relu are one kernel.
+ACTIVATION_KERNELS = {"gelu": 1, "relu": 1, "silu": 1, "gelu_new": 8}
+ACTIVATION_PASSES = {"gelu": 2, "relu": 2, "silu": 2, "gelu_new": 18}
+
+
+def kernels_per_block(model: ModelSpec) -> int:
+    """Kernels one block issues in forward."""
+    return KERNELS_PER_BLOCK_FORWARD + ACTIVATION_KERNELS[model.activation] + (1 if model.gated_mlp else 0)
 
 
 @dataclass(frozen=True)
@@ -57,7 +74,7 @@ def block_forward_s(
     q_w, kv_w = model.n_heads * model.head_dim, model.n_kv_heads * model.head_dim
     t = _gemm_s(m, h, (q_w + 2 * kv_w) / tp, e, peak, eff, hbm) + _gemm_s(m, q_w / tp, h, e, peak, eff, hbm)
     # attention core QKᵀ and AV: 4·s·(a·d) FLOPs per token, heads split over TP and Ulysses SP
-    t += 4 * m * s * q_w / tp / (peak * eff)
+    t += 4 * m * s * q_w / tp / (peak * attention_efficiency(cluster))
     if moe:
         routed = model.moe_top_k * model.moe_capacity_factor
         ffn, n_in = model.moe_ffn_hidden_size, (2 if model.gated_mlp else 1)
@@ -70,14 +87,20 @@ def block_forward_s(
         ffn, n_in = model.ffn_hidden_size, (2 if model.gated_mlp else 1)
         t += _gemm_s(m, h, n_in * ffn / tp, e, peak, eff, hbm) + _gemm_s(m, ffn / tp, h, e, peak, eff, hbm)
         ffn_tp = ffn / tp
-    # memory-bound passes per token: 2 norms (read+write h), 2 residual adds (read 2h, write h),
-    # activation (read+write ffn; gated: read 2·ffn, write ffn), softmax read+write unless fused (flash)
+    # memory-bound passes per token: 2 norms (read+write h), 2 residual adds (read 2h, write h), the
+    # activation's kernels (and the gate product), softmax read+write unless fused (flash)
     replicated = 2 * 2 * h + 2 * 3 * h
-    passes = (replicated / tp if sequence_parallel else replicated) + (3 if model.gated_mlp else 2) * ffn_tp
+    act = ACTIVATION_PASSES[model.activation] + (3 if model.gated_mlp else 0)
+    passes = (replicated / tp if sequence_parallel else replicated) + act * ffn_tp
     if not flash:
         passes += 2 * model.n_heads * s / tp * (2 if model.dropout else 1)
     t += passes * e * m / hbm
-    return max(t, KERNELS_PER_BLOCK_FORWARD * cluster.kernel_launch_us * 1e-6)
+    issue = kernels_per_block(model) * cluster.kernel_launch_us * 1e-6
+    return t + issue if cluster.accelerator == "cpu" else max(t, issue)
+
+
+def attention_efficiency(cluster: ClusterSpec) -> float:
+    return cluster.attention_efficiency or cluster.gpu_matmul_efficiency
 
 
 def stage_compute(
@@ -95,11 +118,13 @@ def stage_compute(
     recompute: str,
     sequence_parallel: bool,
     peak: float,
+    frozen: bool = False,
 ) -> StageCompute:
     """Forward, backward and recomputation seconds of one micro-batch on one rank of a pipeline stage.
 
-    Backward costs two forwards (gradients w.r.t. inputs and weights; Narayanan et al. 2021, §3.1). The last
-    stage adds the LM head (2·h·V FLOPs per token forward, vocabulary-parallel) and its softmax.
+    Backward costs two forwards (gradients w.r.t. inputs and weights; Narayanan et al. 2021, §3.1); one when
+    the weights are `frozen` (LoRA: input gradients only, the rank-r adapters' own work is negligible). The
+    last stage adds the LM head (2·h·V FLOPs per token forward, vocabulary-parallel) and its softmax.
     """
     tokens = micro_batch * model.seq_length
     flash = recompute != "none"  # selective recomputation is what fused (flash) attention does
@@ -111,10 +136,10 @@ def stage_compute(
     attention_fwd = (
         (dense_layers + moe_layers) * 4 * tokens / sp * model.seq_length * model.n_heads * model.head_dim
     )
-    attention_fwd /= tp * peak * cluster.gpu_matmul_efficiency
+    attention_fwd /= tp * peak * attention_efficiency(cluster)
     if last:
         eff, hbm = cluster.gpu_matmul_efficiency, cluster.gpu_memory_gb_per_s * 1e9
         fwd += _gemm_s(tokens / sp, model.hidden_size, model.vocab_size / tp, e, peak, eff, hbm)
         fwd += (e + 8) * tokens / sp * model.vocab_size / tp / hbm  # upcast + log-softmax of the logits
     recompute_s = fwd if recompute == "full" else attention_fwd if recompute == "selective" else 0.0
-    return StageCompute(forward_s=fwd, backward_s=2 * fwd, recompute_s=recompute_s)
+    return StageCompute(forward_s=fwd, backward_s=(1 if frozen else 2) * fwd, recompute_s=recompute_s)

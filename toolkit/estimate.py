@@ -78,12 +78,13 @@ class Estimate:
     @property
     def tflops_per_gpu(self) -> float:
         """Model TFLOP/s per accelerator (PaLM convention, no recomputation)."""
-        return model_flops_per_token(self.model) * self.tokens_per_s / self.layout.world_size / 1e12
+        frozen = self.layout.lora is not None
+        return model_flops_per_token(self.model, frozen) * self.tokens_per_s / self.layout.world_size / 1e12
 
     @property
     def hardware_tflops_per_gpu(self) -> float:
         """TFLOP/s per accelerator including recomputation (Megatron's reporting convention)."""
-        flops = hardware_flops_per_token(self.model, self.layout.recompute)
+        flops = hardware_flops_per_token(self.model, self.layout.recompute, self.layout.lora is not None)
         return flops * self.tokens_per_s / self.layout.world_size / 1e12
 
     @property
@@ -136,7 +137,7 @@ class Estimate:
             "tflops_per_gpu": self.tflops_per_gpu,
             "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu,
             "mfu": self.mfu,
-            "model_flops_per_token": model_flops_per_token(self.model),
+            "model_flops_per_token": model_flops_per_token(self.model, self.layout.lora is not None),
             "zero_knobs": self.knobs.__dict__,
             "params_per_rank": {"dense": m.rank.dense, "expert": m.rank.expert},
         }
@@ -221,11 +222,27 @@ def estimate_memory(
     model: ModelSpec, cluster: ClusterSpec, layout: Layout, knobs: ZeroKnobs | None = None
 ) -> Memory:
     """Peak memory per rank of the most loaded pipeline stage (the planner's cheap first filter)."""
+    return max(
+        _memories(model, cluster, layout, knobs, _candidate_stages(model, layout)), key=lambda m: m.total
+    )
+
+
+def stage_memories(
+    model: ModelSpec, cluster: ClusterSpec, layout: Layout, knobs: ZeroKnobs | None = None
+) -> list[Memory]:
+    """Peak memory per rank of every pipeline stage, first to last (earlier stages hold more micro-batches in
+    flight under 1F1B); `estimate_memory` is the largest of these."""
+    return _memories(model, cluster, layout, knobs, _stages(model, layout.pp))
+
+
+def _memories(
+    model: ModelSpec, cluster: ClusterSpec, layout: Layout, knobs: ZeroKnobs | None, stages: list[_Stage]
+) -> list[Memory]:
     pc = count_params(model)
     knobs = knobs or derive_zero_knobs(model, layout)
     largest_param = _largest_param(pc, layout, model)
-    worst: Memory | None = None
-    for st in _candidate_stages(model, layout):
+    out: list[Memory] = []
+    for st in stages:
         first, last = st.index == 0, st.index == layout.pp - 1
         rank = rank_params(
             pc, layout, st.blocks, st.moe_blocks, first, last, knobs.stage3_param_persistence_threshold
@@ -233,12 +250,26 @@ def estimate_memory(
         per_micro = _per_micro_activations(model, layout, st.blocks, st.moe_blocks)
         activations = _stage_activations(model, layout, st.index, st.blocks, st.moe_blocks, per_micro)
         mem = stage_memory(
-            layout, cluster, knobs, rank, activations, largest_param, _grad_partition(model, layout)
+            layout,
+            cluster,
+            knobs,
+            rank,
+            activations,
+            largest_param,
+            _grad_partition(model, layout),
+            trainable=_lora_params(model, layout, st.blocks),
         )
-        if worst is None or mem.total > worst.total:
-            worst = mem
-    assert worst is not None  # pp >= 1 guarantees a stage
-    return worst
+        out.append(mem)
+    return out
+
+
+def _lora_params(model: ModelSpec, layout: Layout, blocks: int) -> float | None:
+    """LoRA adapter parameters on a rank of a stage with `blocks` blocks (None: full training)."""
+    if layout.lora is None:
+        return None
+    from toolkit.lora import adapter_params_per_block, parse_lora
+
+    return float(blocks * adapter_params_per_block(model, parse_lora(layout.lora)))
 
 
 def _grad_partition(model: ModelSpec, layout: Layout) -> int | None:
@@ -283,11 +314,13 @@ def estimate(
             recompute=layout.recompute,
             sequence_parallel=layout.tp_sequence_parallel,
             peak=peak,
+            frozen=layout.lora is not None,
         )
+        trainable = _lora_params(model, layout, st.blocks)
         load = StageLoad(
             compute=compute,
-            dense_params=rank.dense,
-            expert_params=rank.expert,
+            dense_params=rank.dense if trainable is None else trainable,
+            expert_params=rank.expert if trainable is None else 0.0,
             n_blocks=st.blocks,
             n_moe_blocks=st.moe_blocks,
         )

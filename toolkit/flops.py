@@ -18,12 +18,13 @@ def attention_flops_per_token(model: ModelSpec) -> float:
     return 12 * model.n_layers * model.n_heads * model.head_dim * model.seq_length
 
 
-def model_flops_per_token(model: ModelSpec) -> float:
-    """Training FLOPs per token in the MFU convention: 6·N_active + 12·L·H·Q·T."""
-    return 6 * model.n_active_params() + attention_flops_per_token(model)
+def model_flops_per_token(model: ModelSpec, frozen: bool = False) -> float:
+    """Training FLOPs per token in the MFU convention: 6·N_active + 12·L·H·Q·T. With the weights `frozen`
+    (LoRA) backward computes no weight gradients: 4·N (the adapters' r-sized work is left out)."""
+    return (4 if frozen else 6) * model.n_active_params() + attention_flops_per_token(model)
 
 
-def hardware_flops_per_token(model: ModelSpec, recompute: str) -> float:
+def hardware_flops_per_token(model: ModelSpec, recompute: str, frozen: bool = False) -> float:
     """FLOPs the accelerators execute per token, recomputation and expert capacity padding included.
 
     Matmul parameters exclude lookup-only tables (the input embedding when untied, learned positions),
@@ -34,7 +35,7 @@ def hardware_flops_per_token(model: ModelSpec, recompute: str) -> float:
     routed_experts = pc.n_moe_layers * pc.moe_top_k * pc.expert
     matmul = pc.active - lookup - routed_experts + routed_experts * model.moe_capacity_factor
     forward = 2 * matmul + attention_flops_per_token(model) / 3
-    total = 3 * forward
+    total = 3 * forward - (2 * matmul if frozen else 0)
     if recompute == "full":
         total += forward
     elif recompute == "selective":

@@ -134,7 +134,8 @@ def engine_states(
         transient = 4 * part + (b * part if b == 2 else 0)
         return EngineStates(b * flat, 4 * part, 8 * part, grads, 0, 0, transient)
     shard = psi / n
-    lp = 0.0 if off_param else b * shard
+    # small parameters below the persistence threshold stay gathered beside their partition, on the device
+    lp = (0.0 if off_param else b * shard) + b * persistent
     if not off_opt:
         # inside step, per sub-group: the flattened gradients, and their fp32 copy when they are 16-bit
         transient = (b + (4 if b == 2 else 0)) * min(shard, knobs.sub_group_size)
@@ -165,7 +166,7 @@ def zero_buffers(
     allocator reserves them whole; on the CPU accelerator only written pages exist and they are released after
     the step, before the next peak (measured: 5e8-element and h²-element buckets give the same peak RSS).
     ZeRO-3 keeps one bucket for the whole run (on CPU, resident as far as gradients were copied through it:
-    at most the model), the persistent small parameters, the parameters it keeps gathered — at least the
+    at most the model), the parameters it keeps gathered — at least the
     module being computed plus the prefetch, at most `stage3_max_live_parameters` or the whole stage (with
     DeepSpeed's default 1e9 a small model stays gathered from forward into backward, measured) — and the
     current module's full gradient. ZeRO++'s hpZ adds a secondary copy of the weights over a node's ranks.
@@ -181,7 +182,7 @@ def zero_buffers(
     prefetch = min(knobs.stage3_prefetch_bucket_size, knobs.stage3_max_live_parameters)
     gathered = min(full, max(knobs.stage3_max_live_parameters, rank.largest_module + prefetch))
     secondary = b * (rank.dense / hpz_size + rank.expert / layout.expert_dp) if layout.zeropp else 0.0
-    return b * (bucket + rank.persistent + gathered + rank.largest_module) + secondary
+    return b * (bucket + gathered + rank.largest_module) + secondary
 
 
 def rank_params(
@@ -243,27 +244,42 @@ def stage_memory(
     activations: float,
     largest_param: float,
     grad_partition: float | None = None,
+    trainable: float | None = None,
 ) -> Memory:
-    """Peak memory of one rank of a stage that owns `rank` parameters and keeps `activations` bytes."""
+    """Peak memory of one rank of a stage that owns `rank` parameters and keeps `activations` bytes.
+
+    `trainable`: with LoRA, the adapter parameters on the rank. Only they get gradients, fp32 masters and
+    moments (DeepSpeed builds its optimizer groups from parameters that require gradients); the frozen base
+    is held in the training precision — partitioned at ZeRO-3, whose hooks gather every parameter."""
     stage = layout.zero_stage
-    dense = engine_states(
-        rank.dense, layout.dp, layout, knobs, rank.persistent, largest_param, grad_partition
-    )
-    expert = engine_states(rank.expert, layout.expert_dp, layout, knobs, 0, largest_param)
-    engine = _sum_states(dense, expert)
-    paper = [
-        x + y
-        for x, y in zip(
-            zero_paper_states(rank.dense_convention, layout.dp, stage, layout.precision),
-            zero_paper_states(rank.expert, layout.expert_dp, stage, layout.precision),
-            strict=True,
+    b = 4 if layout.precision == "fp32" else 2
+    if trainable is not None:
+        engine = engine_states(trainable, layout.dp, layout, knobs, 0, trainable)
+        frozen = b * (rank.dense + rank.expert) / (layout.dp if stage == 3 else 1)
+        frozen += b * rank.persistent if stage == 3 else 0.0
+        engine = EngineStates(
+            **{**engine.__dict__, "low_precision_params": engine.low_precision_params + frozen}
         )
-    ]
+        paper = list(zero_paper_states(trainable, layout.dp, stage, layout.precision))
+        paper[0] = b * (rank.dense_convention + rank.expert + trainable) / (layout.dp if stage == 3 else 1)
+    else:
+        dense = engine_states(
+            rank.dense, layout.dp, layout, knobs, rank.persistent, largest_param, grad_partition
+        )
+        expert = engine_states(rank.expert, layout.expert_dp, layout, knobs, 0, largest_param)
+        engine = _sum_states(dense, expert)
+        paper = [
+            x + y
+            for x, y in zip(
+                zero_paper_states(rank.dense_convention, layout.dp, stage, layout.precision),
+                zero_paper_states(rank.expert, layout.expert_dp, stage, layout.precision),
+                strict=True,
+            )
+        ]
     if layout.offload_optimizer != "none":
         paper[2] = 0.0
     if layout.offload_param != "none":
         paper[0] = 0.0
-    b = 4 if layout.precision == "fp32" else 2
     return Memory(
         params=paper[0],
         gradients=paper[1],

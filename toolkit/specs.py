@@ -212,6 +212,9 @@ class ModelSpec(BaseModel):
         return count_params(self).active
 
 
+CollectiveName = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "reduce"]
+
+
 class ClusterSpec(BaseModel):
     """A homogeneous cluster: identical nodes, each with identical accelerators.
 
@@ -253,18 +256,30 @@ class ClusterSpec(BaseModel):
     """Accelerator memory (HBM) bandwidth, GB/s; bounds memory-bound kernels and the optimizer step."""
     gpu_matmul_efficiency: float = Field(default=0.75, gt=0, le=1)
     """Sustained fraction of peak that training-sized GEMMs reach (A100 preset 0.7); `dstk calibrate` measures it."""
+    attention_efficiency: float | None = Field(default=None, gt=0, le=1)
+    """Fraction of peak the fused attention kernel (SDPA / FlashAttention) sustains forward and backward, its
+    FLOPs counted as 4·s·h per token and block (default: gpu_matmul_efficiency). `dstk calibrate` measures it;
+    on CPU it is a third of the GEMM figure, on GPUs FlashAttention-2 reaches 50-70 % of peak (Dao 2023)."""
     pcie_gb_per_s: float = Field(default=25, gt=0)
     """Host-to-accelerator bandwidth per GPU, GB/s (PCIe Gen4 x16 ≈ 25 achievable)."""
     nvme_gb_per_s: float = Field(default=6, gt=0)
     """Aggregate NVMe read/write bandwidth per node, GB/s."""
     cpu_memory_gb_per_s: float = Field(default=150, gt=0)
     """Achievable host memory bandwidth per node, GB/s; bounds the CPU Adam step of ZeRO-Offload."""
+    collective_bus_gb_per_s: dict[CollectiveName, float] | None = None
+    """Intra-node bus bandwidth (nccl-tests' convention) of each collective where the backend's algorithms
+    differ — gloo on CPU runs all-gather and reduce-scatter at a third of its all-reduce; `dstk calibrate`
+    measures it. Unset (NCCL, whose rings give every collective the same bus bandwidth): intra_node_gb_per_s."""
     collective_latency_us: float = Field(default=10, ge=0)
     """Fixed cost of one collective call (launch + synchronisation), microseconds."""
     gpu_power_w: float = Field(default=400, gt=0)
     """Board power per accelerator under training load, W (for energy estimates)."""
     kernel_launch_us: float = Field(default=5, ge=0)
     """Host-side cost of issuing one kernel (or, on CPU, one eager op); small models are bound by it."""
+    step_overhead_ms: float = Field(default=0, ge=0)
+    """Host time the training engine spends per optimizer step beyond the arithmetic (bookkeeping, clipping,
+    scheduler, loss reduction), not hidden behind accelerator work. `dstk calibrate` measures it from a model
+    too small to compute anything; on GPUs it overlaps the kernels of the step, hence 0 in their presets."""
     storage_gb_per_s: float = Field(default=5, gt=0)
     """Checkpoint write bandwidth per node to the shared filesystem, GB/s."""
     node_mtbf_hours: float = Field(default=6300, gt=0)

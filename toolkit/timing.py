@@ -8,9 +8,9 @@ m + p - 1 such slots per step, the p - 1 extra being the bubble.
 
 Data-parallel traffic per ZeRO stage, as DeepSpeed schedules it (Rajbhandari et al. 2020, §7):
 - stage 0: one all-reduce of the gradients at the accumulation boundary, after backward (not overlapped);
-- stage 1: a reduce-scatter at the boundary, overlapped with the last backward, then an all-gather of the
-  updated parameters after the step;
-- stage 2: a reduce-scatter in every micro-batch (gradients are partitioned as they are produced), overlapped
+- stage 1: a reduce-scatter at the boundary (DeepSpeed runs it as one `reduce` per owner), overlapped with
+  the last backward, then an all-gather of the updated parameters after the step;
+- stage 2: the same reduce in every micro-batch (gradients are partitioned as they are produced), overlapped
   with its backward, plus the same all-gather;
 - stage 3: per micro-batch an all-gather of parameters for forward and one for backward, prefetched behind
   compute, and a reduce-scatter of gradients behind backward (3Ψ per micro-batch instead of 2Ψ per step).
@@ -30,6 +30,10 @@ from toolkit.zero_knobs import ZeroKnobs
 # Bytes Adam reads and writes per parameter per step: fp32 master, gradient, m, v read; master, m, v written,
 # plus the 16-bit working copy (mixed precision). fp32 training has no separate master or 16-bit copy.
 ADAM_BYTES_PER_PARAM = {"mixed": 4 * 4 + 3 * 4 + 2, "fp32": 4 * 4 + 3 * 4}
+# torch.optim.AdamW's single-tensor loop, which dstk's configs select on the CPU accelerator (`torch_adam`;
+# torch has no for-each kernels there): decay (2 fp32 passes), lerp of m (3), v·β2 then + g² (2 + 3), √v,
+# / bias correction, + ε (2 each), the addcdiv into the parameter (4) — 20 passes; then the 16-bit copy.
+UNFUSED_ADAM_BYTES_PER_PARAM = {"mixed": 20 * 4 + 4 + 2, "fp32": 20 * 4}
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,7 @@ class StepTime:
     data_parallel_comm_s: float
     """The part of gradient/parameter traffic that compute does not hide."""
     optimizer_s: float
+    """The optimizer step plus the engine's fixed per-step host cost (`step_overhead_ms`)."""
     offload_s: float
     """Exposed host/NVMe transfers of ZeRO-Offload / ZeRO-Infinity."""
 
@@ -131,7 +136,10 @@ def _dp_exposed_s(
         if grp.size <= 1 or params <= 0:
             continue
         buckets = max(1.0, params / knobs.reduce_bucket_size)
-        reduce_one = comm.reduce_scatter_s(params * grad_e, grp, cluster, calls=buckets)
+        if layout.zero_stage in (1, 2):
+            reduce_one = comm.reduce_to_owners_s(params * grad_e, grp, cluster, calls=buckets)
+        else:
+            reduce_one = comm.reduce_scatter_s(params * grad_e, grp, cluster, calls=buckets)
         gathers = _gather_calls(model, load, params, knobs)
         tail = max(tail, comm.all_reduce_s(min(knobs.reduce_bucket_size, params) * grad_e, grp, cluster))
         if layout.optimizer != "adamw":
@@ -171,7 +179,8 @@ def _optimizer_s(cluster: ClusterSpec, layout: Layout, load: StageLoad) -> tuple
     """(optimizer step seconds, exposed offload transfer seconds)."""
     shard = load.dense_params / (layout.dp if layout.zero_stage else 1)
     shard += load.expert_params / (layout.expert_dp if layout.zero_stage else 1)
-    per_param = ADAM_BYTES_PER_PARAM["fp32" if layout.precision == "fp32" else "mixed"]
+    table = UNFUSED_ADAM_BYTES_PER_PARAM if cluster.accelerator == "cpu" else ADAM_BYTES_PER_PARAM
+    per_param = table["fp32" if layout.precision == "fp32" else "mixed"]
     pcie = cluster.pcie_gb_per_s * 1e9
     grad_e = 4 if layout.precision == "fp32" else 2
     param_e = grad_e
@@ -209,6 +218,7 @@ def step_time(
     micro_comm = _micro_comm_s(model, cluster, layout, load, e)
     slot = load.compute.total_s + micro_comm
     opt, offload = _optimizer_s(cluster, layout, load)
+    opt += cluster.step_overhead_ms * 1e-3
     return StepTime(
         compute_s=m * load.compute.total_s,
         pipeline_bubble_s=(p - 1) * slot,

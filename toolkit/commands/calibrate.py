@@ -38,9 +38,13 @@ def run(args: argparse.Namespace) -> int:
     build(ClusterSpec, desc, "calibration")  # what we write must load
     header = (
         f"# Written by `dstk calibrate --ranks {args.ranks}`: measured on this machine, {args.ranks} ranks at once.\n"
-        "# gpu_peak_tflops: large bf16 GEMMs per rank; gpu_matmul_efficiency: training-sized over large;\n"
-        "# intra_node_gb_per_s / collective_latency_us: alpha-beta fit of all-reduce/all-gather/reduce-scatter;\n"
-        "# kernel_launch_us: one eager op; framework_overhead_gib: RSS after imports and process-group set-up.\n"
+        "# gpu_peak_tflops: large bf16 GEMMs per rank; gpu_matmul_efficiency: training-sized Linear forward +\n"
+        "# backward over that; attention_efficiency: causal SDPA forward + backward over it;\n"
+        "# gpu_memory_gb_per_s: bf16 elementwise kernels; cpu_memory_gb_per_s: copies, all ranks together;\n"
+        "# collective_bus_gb_per_s / collective_latency_us: alpha-beta fits of each collective (bus bandwidth\n"
+        "# as nccl-tests defines it), intra_node_gb_per_s the all-reduce's; kernel_launch_us: one GPT-2 block's\n"
+        "# host cost per micro-batch over its kernels; step_overhead_ms: the engine's fixed cost per step;\n"
+        "# framework_overhead_gib: RSS after imports, process-group set-up and a tiny model's training steps.\n"
     )
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(header + yaml.safe_dump(desc, sort_keys=False))

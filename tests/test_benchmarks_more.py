@@ -1,0 +1,100 @@
+"""CI smoke runs of the pipeline-bubble and dense-vs-MoE benchmarks: `--quick` end to end on 2 ranks.
+
+Speed and memory targets live in the benchmarks' output (benchmarks/results/), not here: these check that each
+run completes, writes every column, and puts a real measurement beside a real prediction in every row — plus
+the exact facts that do not depend on timing (the 1F1B formula, parameter counts per rank).
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cli import REPO
+
+pytestmark = pytest.mark.multiprocess
+
+
+def _run_quick(script: str, out: Path) -> list[dict[str, str]]:
+    proc = subprocess.run(
+        [sys.executable, f"benchmarks/{script}.py", "--quick", "--cluster", "cpu", "--out-dir", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    for suffix in ("md", "png", "json"):
+        assert (out / f"{script}_quick.{suffix}").stat().st_size > 0
+    record = json.loads((out / f"{script}_quick.json").read_text())
+    assert record["env"]["versions"]["deepspeed"] and f"{script}.py --quick" in record["command"]
+    with (out / f"{script}_quick.csv").open() as f:
+        reader = csv.DictReader(f)
+        assert reader.fieldnames == importlib.import_module(f"benchmarks.{script}").COLUMNS
+        return list(reader)
+
+
+def _positive_pairs(row: dict[str, str], pairs: tuple[tuple[str, str], ...]) -> None:
+    for measured, predicted in pairs:
+        assert float(row[measured]) > 0 and float(row[predicted]) > 0, (measured, row)
+
+
+def test_pipeline_quick_puts_measured_bubble_beside_1f1b_and_dstk(tmp_path) -> None:
+    rows = _run_quick("pipeline", tmp_path)
+    assert [int(r["m"]) for r in rows] == [1, 2, 4]
+    for row in rows:
+        m = int(row["m"])
+        _positive_pairs(
+            row,
+            (
+                ("step_time_s", "predicted_step_time_s"),
+                ("tokens_per_s", "predicted_tokens_per_s"),
+                ("peak_memory_stage0_bytes", "predicted_memory_stage0_bytes"),
+                ("peak_memory_stage1_bytes", "predicted_memory_stage1_bytes"),
+            ),
+        )
+        assert int(row["global_batch"]) == m * int(row["micro_batch"])
+        assert float(row["formula_bubble"]) == pytest.approx(1 / (m + 1))  # (p−1)/(m+p−1), p = 2
+        # the measured bubble comes from a noisy fit: it must be a fraction, not necessarily a positive one
+        assert math.isfinite(float(row["measured_bubble"])) and float(row["measured_bubble"]) < 1
+        predicted, as_measured = float(row["predicted_bubble"]), float(row["predicted_bubble_as_measured"])
+        # the measured definition also counts the once-per-step optimizer time, which dstk predicts > 0
+        assert 0 < predicted < as_measured < 1, row
+    bubbles = [float(r["predicted_bubble"]) for r in rows]
+    assert bubbles == sorted(bubbles, reverse=True)  # more micro-batches amortise the same p − 1 slots
+    fit = json.loads((tmp_path / "pipeline_quick.json").read_text())["fit"]
+    assert fit["slot_s"] > 0 and fit["predicted_slot_s"] > 0
+
+
+def test_moe_quick_puts_dense_and_moe_beside_their_predictions(tmp_path) -> None:
+    rows = {r["run"]: r for r in _run_quick("moe", tmp_path)}
+    assert set(rows) == {"dense", "moe-ep2"}
+    for row in rows.values():
+        _positive_pairs(
+            row,
+            (
+                ("step_time_s", "predicted_step_time_s"),
+                ("tokens_per_s", "predicted_tokens_per_s"),
+                ("peak_memory_bytes", "predicted_memory_bytes"),
+                ("n_params", "predicted_n_params"),
+                ("n_active_params", "predicted_n_active_params"),
+                ("params_rank_dense", "predicted_params_rank_dense"),
+            ),
+        )
+        # parameter counts are exact: what the engine holds on a rank is what dstk estimate predicts
+        for held in ("n_params", "params_rank_dense", "params_rank_expert"):
+            assert float(row[held]) == float(row[f"predicted_{held}"]), (held, row)
+        assert float(row["comm_bytes_per_step"]) > 0 and math.isfinite(float(row["eval_loss"]))
+    dense, moe = rows["dense"], rows["moe-ep2"]
+    # 4 experts top-1: each rank holds 2 of them, a token passes through 1 — equal active, ~2.5× total
+    assert float(moe["params_rank_expert"]) > 0 == float(dense["params_rank_expert"])
+    assert float(moe["n_active_params"]) == pytest.approx(float(dense["n_active_params"]), rel=0.01)
+    assert float(moe["n_params"]) > 2 * float(dense["n_params"])
+    assert float(moe["final_aux_loss"]) > 0 and float(moe["predicted_expert_comm_s"]) > 0
