@@ -1,0 +1,159 @@
+"""`dstk grow`: grow a trained model in depth and/or width (toolkit.grow), print the re-plan for the grown model
+(toolkit.progressive.replan), or run a train → grow → train schedule (toolkit.progressive.run_schedule)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from toolkit.commands import add_cluster_args, add_layout_args
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = (
+        "Cluster and layout flags constrain the re-plan printed after growing, as in dstk plan "
+        "(default cluster: cpu; the global batch stays the parent's plan's unless given)."
+    )
+    parser.add_argument(
+        "--from",
+        dest="source",
+        type=Path,
+        metavar="CKPT",
+        help="a dstk train --checkpoint-dir (newest complete checkpoint, or --tag) or a save_pretrained directory",
+    )
+    parser.add_argument(
+        "--to", metavar="M", help="the grown model's description (preset, YAML/JSON, config.json)"
+    )
+    parser.add_argument(
+        "-o", "--out", type=Path, metavar="DIR", help="write the grown save_pretrained directory here"
+    )
+    parser.add_argument(
+        "--from-model",
+        metavar="M",
+        help="the checkpoint's model description (default: inferred from its weights' shapes and --to)",
+    )
+    parser.add_argument("--tag", metavar="TAG", help="checkpoint to grow (default: the newest complete one)")
+    parser.add_argument(
+        "--depth-method",
+        choices=("stack", "interleave"),
+        default="stack",
+        help="new block j copies parent block j mod L (stack) or floor(j·L/L') (interleave) (stack)",
+    )
+    parser.add_argument(
+        "--new-blocks",
+        choices=("zero-out", "copy"),
+        default="zero-out",
+        help="zero-out: zero the new blocks' output projections, so each is the identity and the grown model "
+        "computes the parent's function; copy: plain copies (zero-out)",
+    )
+    parser.add_argument(
+        "--width-noise",
+        type=float,
+        default=0.5,
+        metavar="F",
+        help="spread of the random split of a replicated unit's outgoing weights; 0 splits evenly, which "
+        "keeps the copies identical forever (0.5)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the width split and the check batch (0)")
+    parser.add_argument(
+        "--data", type=Path, metavar="DIR", help="check parent vs grown loss on this dstk data prepare output's "
+        "validation split (default: random tokens)"
+    )  # fmt: skip
+    parser.add_argument(
+        "--eval-rows", type=int, default=64, metavar="N", help="validation rows to check on (64)"
+    )
+    parser.add_argument(
+        "--tokenizer",
+        type=Path,
+        metavar="DIR",
+        help="copy this tokenizer next to the weights (default: --from's)",
+    )
+    parser.add_argument(
+        "--schedule",
+        type=Path,
+        metavar="FILE",
+        help="run a train → grow → train schedule (YAML/JSON) instead of one growth",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="with --schedule: print the commands only")
+    add_cluster_args(parser, required=False)
+    add_layout_args(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from toolkit.errors import UserError
+
+    if args.schedule is not None:
+        given = [
+            flag for flag, value in (("--from", args.source), ("--to", args.to), ("--out", args.out)) if value
+        ]
+        if given:
+            raise UserError(
+                f"--schedule: the schedule names the models and directories; drop {', '.join(given)}"
+            )
+        from toolkit.progressive import load_schedule, run_schedule
+
+        run_schedule(load_schedule(args.schedule), dry_run=args.dry_run)
+        return 0
+    missing = [
+        flag for flag, value in (("--from", args.source), ("--to", args.to), ("--out", args.out)) if not value
+    ]
+    if missing:
+        raise UserError(f"{missing[0]}: required (or give --schedule FILE)")
+    if args.dry_run:
+        raise UserError("--dry-run: only with --schedule")
+    return _grow(args)
+
+
+def _grow(args: argparse.Namespace) -> int:
+    from toolkit.commands import CLUSTER_OVERRIDES, cluster_from_args, layout_request_from_args
+    from toolkit.errors import UserError
+    from toolkit.load import load_model
+    from toolkit.progressive import replan
+
+    target = load_model(args.to)
+    from_model = load_model(args.from_model) if args.from_model else None
+    args.cluster = args.cluster or "cpu"
+    cluster = cluster_from_args(args)  # before the (slow) growth: a typo fails in milliseconds
+    fixed = layout_request_from_args(args).model_dump(exclude_unset=True)
+    global_batch = fixed.pop("global_batch_size", None)
+    if args.out.exists() and any(args.out.iterdir()):
+        raise UserError(f"--out: {args.out} exists and is not empty")
+
+    from toolkit.grow import grow
+
+    result = grow(
+        args.source,
+        target,
+        args.out,
+        from_model=from_model,
+        tag=args.tag,
+        depth_method=args.depth_method,
+        new_blocks=args.new_blocks,
+        width_noise=args.width_noise,
+        seed=args.seed,
+        data=args.data,
+        eval_rows=args.eval_rows,
+        tokenizer=args.tokenizer,
+    )
+    g, c = result.growth, result.check
+    p, t = g.parent, g.target
+    print(
+        f"grew {result.source}: {p.n_layers} layers × h={p.hidden_size} → {t.n_layers} layers × h={t.hidden_size}"
+        f" ({result.n_params[0]:,} → {result.n_params[1]:,} parameters)"
+    )
+    print(f"  {g.describe()}")
+    kept = "function preserved" if g.function_preserving else "function changed (copy)"
+    print(
+        f"  check on {c['on']}: parent loss {c['parent_loss']:.6f}, grown {c['grown_loss']:.6f}, "
+        f"|Δ| {c['abs_diff']:.2e}, max |Δ logit| {c['max_logit_diff']:.2e} ({kept})"
+    )
+    print(f"wrote {args.out} (continue with: dstk train --model {args.to} --init-from {args.out} ...)")
+    overrides = [
+        f"--{name.replace('_', '-')} {getattr(args, name)}"
+        for name in CLUSTER_OVERRIDES
+        if getattr(args, name, None) is not None
+    ]
+    cluster_ref = " ".join([args.cluster, *overrides])
+    for line in replan(p, t, cluster, fixed, global_batch, grown_ref=args.to, cluster_ref=cluster_ref):
+        print(line)
+    return 0
