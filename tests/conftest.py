@@ -3,8 +3,10 @@ prepared data every run-path test trains on."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -124,3 +126,23 @@ def zero_runs(tmp_path_factory, prepared_data, init_weights):
         )
         assert jobs[stage].code == 0, jobs[stage].output[-3000:]
     return jobs
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_leaked_shm_buffers():
+    """At the end of the session, delete DeepSpeed's per-rank /dev/shm all-reduce buffers that no live process
+    maps (its CPU shm op never unlinks them; `dstk launch` cleans its own, this catches direct spawns)."""
+    yield
+    import glob
+
+    mapped = set()
+    for maps in glob.glob("/proc/[0-9]*/maps"):
+        try:
+            with open(maps) as f:
+                mapped.update(line.split()[-1] for line in f if "/dev/shm/deepspeed_allreduce" in line)
+        except OSError:
+            continue
+    for path in glob.glob(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_*"):
+        if path not in mapped and time.time() - os.path.getmtime(path) > 60:  # not a job starting up
+            with contextlib.suppress(OSError):
+                os.unlink(path)

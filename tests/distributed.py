@@ -80,6 +80,7 @@ def run_script(
     script: Path, args: list[str], ranks: int = 2, timeout: float = 900
 ) -> subprocess.CompletedProcess:
     """A test script under the deepspeed launcher (for checks that need to stop between build and initialize)."""
+    port = free_port()
     cmd = [
         sys.executable,
         "-m",
@@ -87,14 +88,19 @@ def run_script(
         "--num_gpus",
         str(ranks),
         "--master_port",
-        str(free_port()),
+        str(port),
         "--no_local_rank",
         str(script),
         *args,
     ]
-    return subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=os.environ.copy()
-    )
+    try:
+        return subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=os.environ.copy()
+        )
+    finally:
+        from toolkit.commands.launch import remove_shm_buffers
+
+        remove_shm_buffers(port)  # DeepSpeed's CPU shm op never unlinks its 66 MB per-rank buffers
 
 
 def config(path: Path, *args: str) -> Path:

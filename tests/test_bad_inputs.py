@@ -314,6 +314,23 @@ CASES: list[tuple[str, list[str], str]] = [
         r"--init-from: .* is not a directory",
     ),
     (
+        "train-init-from-other-model",
+        [
+            "train",
+            "--model",
+            TINY,
+            "--config",
+            f"{BAD}/bad_batch.json",
+            "--steps",
+            "2",
+            "--init-from",
+            f"{BAD}/other_model",
+            "--run-dir",
+            "{out}",
+        ],
+        r"--init-from: .* holds a different model than --model .*n_layer=3 \(--model: 2\)",
+    ),
+    (
         "train-data-missing",
         [
             "train",

@@ -188,3 +188,25 @@ def test_import_path_never_loads_torch_or_deepspeed() -> None:
         "assert rc == 0; bad = {'torch', 'deepspeed'} & set(sys.modules); assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, capture_output=True)
+
+
+def test_plan_shows_the_recipe_and_lays_the_schedule_over_the_token_budget() -> None:
+    """Issue 12 point 3: the generated optimizer and schedule follow toolkit/recipes.py, visibly; with --tokens
+    the cosine schedule spans tokens / (global batch × sequence length) steps."""
+    import json
+    import math
+
+    from toolkit import recipes
+
+    r = dstk("plan", "--model", "gpt2", "--cluster", "dgx-a100-80g", "--tokens", "300e9", "--json")
+    assert r.code == 0, r.err
+    data = json.loads(r.out)
+    cfg, layout = data["ds_config"], data["layout"]
+    steps = math.ceil(300e9 / (layout["global_batch_size"] * 1024))
+    assert cfg["scheduler"]["params"]["total_num_steps"] == steps
+    assert cfg["optimizer"]["params"]["betas"] == list(recipes.ADAM_BETAS)
+    assert cfg["gradient_clipping"] == recipes.GRADIENT_CLIPPING
+    assert cfg["optimizer"]["params"]["lr"] == pytest.approx(recipes.peak_learning_rate(124_439_808))
+    assert f"over {steps} steps" in data["recipe"] and "GPT-3" in data["recipe"]
+    text = dstk("plan", "--model", "gpt2", "--cluster", "dgx-a100-80g")
+    assert "Optimisation recipe: AdamW β=(0.9, 0.95)" in text.out

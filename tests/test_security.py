@@ -47,7 +47,8 @@ def test_no_secret_in_generated_files(tmp_path, monkeypatch) -> None:
     )
     assert r.code == 0
     env = dstk("env", "--json")
-    written = [p.read_text() for p in tmp_path.rglob("*") if p.is_file()] + [r.out, env.out]
+    written = [p.read_bytes().decode("utf-8", "replace") for p in tmp_path.rglob("*") if p.is_file()]
+    written += [r.out, env.out]
     for text in written:
         for secret in SECRETS.values():
             assert secret not in text

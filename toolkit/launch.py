@@ -7,6 +7,7 @@ that pdsh or ssh would interpret again on the far side.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from dataclasses import dataclass
@@ -61,15 +62,37 @@ def parse_hostfile(text: str) -> list[tuple[str, int]]:
 
 
 @dataclass(frozen=True)
+class ShellVar:
+    """A launcher word whose value is only known when the job runs (e.g. the SLURM job's first host).
+
+    Rendered as a double-quoted expansion, `"${NAME}"`, so whatever the variable holds stays one word.
+    """
+
+    name: str
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.name):
+            raise ValueError(f"ShellVar: {self.name!r} is not a shell variable name")
+
+
+Word = str | ShellVar
+
+
+def shell_word(word: Word) -> str:
+    """One argv word as shell source: `shlex.quote` for literals, `"${NAME}"` for run-time variables."""
+    return f'"${{{word.name}}}"' if isinstance(word, ShellVar) else shlex.quote(word)
+
+
+@dataclass(frozen=True)
 class Launch:
     """A `deepspeed` launcher invocation and the environment it needs."""
 
-    argv: list[str]
+    argv: list[Word]
     env: dict[str, str]
 
     def shell(self) -> str:
         prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
-        return (prefix + " " if prefix else "") + " ".join(shlex.quote(a) for a in self.argv)
+        return (prefix + " " if prefix else "") + " ".join(shell_word(a) for a in self.argv)
 
 
 def network_env(cluster: ClusterSpec) -> dict[str, str]:
@@ -81,6 +104,97 @@ def network_env(cluster: ClusterSpec) -> dict[str, str]:
     return env
 
 
+MPI_LAUNCHERS = frozenset({"openmpi", "mpich", "impi", "mvapich"})
+"""DeepSpeed backends that start every rank through `mpirun`; DeepSpeed 0.19.8 refuses `--num_nodes`,
+`--num_gpus`, `--include` and `--exclude` with them (`multinode_runner.py`, `validate_args`): the hostfile's
+slots say how many ranks run where."""
+
+REMOTE_SHELL_SAFE = re.compile(r"[A-Za-z0-9_./:=,+@%-]+(?: [A-Za-z0-9_./:=,+@%-]+)*")
+"""Words DeepSpeed's pdsh backend can forward intact. It joins the program and its arguments into the command
+line of a remote shell, wrapping a word in double quotes only when it contains a space
+(`PDSHRunner.parse_user_args`), and puts the working directory there as a bare `cd DIR;`. So `;`, `$()`,
+backticks, quotes, globs or newlines in any of them would be interpreted again on every node."""
+
+
+def check_remote_shell_words(words: list[str], cwd: str) -> None:
+    """Refuse what DeepSpeed's pdsh backend would hand to a remote shell unquoted (see REMOTE_SHELL_SAFE)."""
+    for word in words:
+        if not REMOTE_SHELL_SAFE.fullmatch(word):
+            raise UserError(
+                f"program: {word!r} would be re-parsed by the remote shell DeepSpeed's pdsh launcher starts on "
+                "every node (it does not quote arguments); use letters, digits, spaces and ._/:=,+@%- only, or "
+                "launcher openmpi/slurm in the cluster file"
+            )
+    if not re.fullmatch(r"[A-Za-z0-9_./:=,+@%-]+", cwd):
+        raise UserError(
+            f"working directory: {cwd!r} reaches every node as a bare `cd` through DeepSpeed's pdsh launcher; "
+            "launch from a directory whose path has only letters, digits and ._/:=,+@%-"
+        )
+
+
+def launcher_argv(
+    cluster: ClusterSpec,
+    program: list[str],
+    *,
+    hostfile: str | None,
+    master_addr: Word | None,
+    master_port: int = 29500,
+    include: str | None = None,
+    exclude: str | None = None,
+    cwd: str,
+) -> list[Word]:
+    """The `deepspeed` argv for `program` (`["-m", "module", ...]`, `["script.py", ...]`, or dstk train args).
+
+    `hostfile` None means one local node. `--no_local_rank`: dstk reads LOCAL_RANK from the environment. On
+    the CPU accelerator `--num_gpus` is required: without it the launcher counts NUMA nodes and starts one
+    rank. DeepSpeed refuses `--num_nodes/--num_gpus` together with `--include/--exclude` ("Cannot specify
+    num_nodes/gpus with include/exclude", runner.py), so a resource filter replaces them.
+    """
+    if include and exclude:
+        raise UserError("--include/--exclude: give one, not both")
+    multi = cluster.nodes > 1
+    mpi = multi and cluster.launcher in MPI_LAUNCHERS
+    argv: list[Word] = ["deepspeed"]
+    if hostfile is not None:
+        argv += ["--hostfile", hostfile]
+    if (include or exclude) and mpi:
+        raise UserError(
+            f"--include/--exclude: DeepSpeed's {cluster.launcher} backend does not support worker "
+            "include/exclusion; list only the wanted hosts instead"
+        )
+    if not (include or exclude or mpi):
+        argv += ["--num_nodes", str(cluster.nodes), "--num_gpus", str(cluster.gpus_per_node)]
+    argv += ["--master_port", str(master_port)]
+    if multi:
+        if master_addr is None:
+            raise UserError("master_addr: a multi-node launch needs the rank-0 host")
+        argv += ["--master_addr", master_addr, "--launcher", cluster.launcher]
+    for flag, value in (("--include", include), ("--exclude", exclude)):
+        if value:
+            if not re.fullmatch(r"[A-Za-z0-9._:,@-]+", value):
+                raise UserError(f"{flag}: {value!r} is not a NODE[:SLOTS][@NODE...] resource list")
+            argv += [flag, value]
+    module = bool(program) and program[0] in ("-m", "--module")
+    if module:
+        if len(program) < 2:
+            raise UserError("-m: a module name must follow")
+        words = [program[1], *program[2:]]
+        argv += ["--no_local_rank", "--module"]
+    elif program and program[0].endswith(".py"):
+        words = list(program)
+    else:
+        module, words = True, ["toolkit.cli", "train", *program]
+        argv += ["--no_local_rank", "--module"]
+    if multi and cluster.launcher == "slurm" and module:
+        raise UserError(
+            "launcher: DeepSpeed's slurm backend runs `python SCRIPT` and ignores --module (multinode_runner.py); "
+            "give a .py script, or use launcher pdsh in the cluster file"
+        )
+    if multi and cluster.launcher == "pdsh":
+        check_remote_shell_words(words, cwd)
+    return argv + words
+
+
 def deepspeed_command(
     cluster: ClusterSpec,
     hostfile: Path,
@@ -89,34 +203,23 @@ def deepspeed_command(
     master_port: int = 29500,
     include: str | None = None,
     exclude: str | None = None,
+    cwd: str | None = None,
 ) -> Launch:
-    """The launcher command for `program` (`["-m", "module", ...]`, `["script.py", ...]`, or dstk train args).
+    """The launcher command for a cluster whose hosts are known now (its `hostnames`, or localhost).
 
-    `--no_local_rank`: dstk reads LOCAL_RANK from the environment. On the CPU accelerator `--num_gpus` is
-    required: without it the launcher counts NUMA nodes and starts one rank. A single local node gets no
-    `--hostfile`: with one, DeepSpeed's runner treats the job as multi-node and insists on ssh to localhost.
+    A single local node gets no `--hostfile`: with one, DeepSpeed's runner treats the job as multi-node and
+    insists on ssh to localhost. `cwd` is where the launcher will run (default: here).
     """
-    if include and exclude:
-        raise UserError("--include/--exclude: give one, not both")
-    argv = ["deepspeed"]
-    if hosts(cluster) != ["localhost"]:
-        argv += ["--hostfile", str(hostfile)]
-    argv += ["--num_nodes", str(cluster.nodes), "--num_gpus", str(cluster.gpus_per_node)]
-    argv += ["--master_port", str(master_port)]
-    if cluster.nodes > 1:
-        master = check_hostname(cluster.master_addr or hosts(cluster)[0], "master_addr")
-        argv += ["--master_addr", master, "--launcher", cluster.launcher]
-    for flag, value in (("--include", include), ("--exclude", exclude)):
-        if value:
-            if not re.fullmatch(r"[A-Za-z0-9._:,@-]+", value):
-                raise UserError(f"{flag}: {value!r} is not a NODE[:SLOTS][@NODE...] resource list")
-            argv += [flag, value]
-    if program and program[0] in ("-m", "--module"):
-        if len(program) < 2:
-            raise UserError("-m: a module name must follow")
-        argv += ["--no_local_rank", "--module", program[1], *program[2:]]
-    elif program and program[0].endswith(".py"):
-        argv += [program[0], *program[1:]]
-    else:
-        argv += ["--no_local_rank", "--module", "toolkit.cli", "train", *program]
+    names = hosts(cluster)
+    master = check_hostname(cluster.master_addr or names[0], "master_addr") if cluster.nodes > 1 else None
+    argv = launcher_argv(
+        cluster,
+        program,
+        hostfile=None if names == ["localhost"] else str(hostfile),
+        master_addr=master,
+        master_port=master_port,
+        include=include,
+        exclude=exclude,
+        cwd=cwd if cwd is not None else os.getcwd(),
+    )
     return Launch(argv=argv, env=network_env(cluster))

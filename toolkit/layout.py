@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from toolkit.errors import UserError
 from toolkit.specs import ClusterSpec, ModelSpec, Precision
@@ -38,6 +38,7 @@ LAYOUT_FLAGS: dict[str, str] = {
     "tp_sequence_parallel": "--tp-sequence-parallel",
     "tp_vocab_parallel": "--tp-vocab-parallel",
     "zeropp": "--zeropp",
+    "lora": "--lora",
 }
 
 
@@ -81,6 +82,16 @@ class LayoutRequest(BaseModel):
     zeropp: bool = False
     """ZeRO++ (Wang et al. 2023) on ZeRO-3: int8 weight all-gather, int4 gradient reduce-scatter, and a
     secondary weight partition inside each node so backward gathers stay on NVLink."""
+    lora: str | None = None
+    """LoRA fine-tuning, e.g. `r=16,alpha=32[,dropout=0.05][,targets=q_proj+v_proj]`: adapters train, the
+    base weights are frozen (no gradients or optimizer states for them); see toolkit/lora.py."""
+
+    @field_validator("lora")
+    @classmethod
+    def _normal_lora(cls, value: str | None) -> str | None:
+        from toolkit.lora import parse_lora
+
+        return None if value is None else parse_lora(value).text()
 
 
 class Layout(LayoutRequest):
@@ -108,6 +119,8 @@ class Layout(LayoutRequest):
         out = []
         for name, flag in LAYOUT_FLAGS.items():
             value = getattr(self, name)
+            if value is None:
+                continue
             if isinstance(value, bool):
                 out.append(flag if value else f"--no-{flag[2:]}")
             else:

@@ -84,7 +84,7 @@ class Logger:
     def __init__(
         self, run_dir: Path, engine: Any, is_main: bool, total_steps: int, start_step: int, progress: bool
     ) -> None:
-        self.is_main, self.engine = is_main, engine
+        self.is_main, self.engine, self.run_dir = is_main, engine, run_dir
         self.file = None
         self.bar = None
         if is_main:
@@ -114,9 +114,23 @@ class Logger:
                 {k: f"{v:.4g}" for k, v in values.items() if k in ("loss", "tokens_per_s", "mfu")}
             )
 
+    def event(self, record: dict[str, Any]) -> None:
+        """A discrete event (a spike-guard rollback): one line of `events.jsonl` beside the metrics, so a run's
+        history can be read without scanning every step."""
+        if not self.is_main:
+            return
+        with (self.run_dir / "events.jsonl").open("a", encoding="utf-8") as f:
+            f.write(json.dumps({"time": time.time(), **record}) + "\n")
+
     def advance(self) -> None:
         if self.bar is not None:
             self.bar.update(1)
+
+    def rewind(self, step: int) -> None:
+        """The run went back to `step` (a rollback): the progress bar follows."""
+        if self.bar is not None:
+            self.bar.n = step
+            self.bar.refresh()
 
     def message(self, text: str) -> None:
         if self.is_main:

@@ -18,13 +18,56 @@ from toolkit.hf_config import to_hf_config
 from toolkit.specs import ModelSpec
 
 
+def attention_implementation(architecture: str) -> str:
+    """SDPA (fused attention) wherever transformers has it; BLOOM has none in transformers 5.24 ("does not
+    support an attention implementation through torch.nn.functional.scaled_dot_product_attention yet")."""
+    return "eager" if architecture == "bloom" else "sdpa"
+
+
 def hf_config(spec: ModelSpec) -> Any:
-    """The transformers config object for `spec` (attention through SDPA, which every supported family has)."""
+    """The transformers config object for `spec` (attention through SDPA where the family has it)."""
     from transformers import AutoConfig
 
     config = AutoConfig.for_model(**to_hf_config(spec))
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = attention_implementation(spec.architecture)
     return config
+
+
+_SHAPE_KEYS = (
+    "model_type",
+    "n_layer",
+    "n_embd",
+    "n_head",
+    "n_inner",
+    "num_hidden_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "vocab_size",
+)
+
+
+def check_init_from(spec: ModelSpec, init_from: Path) -> None:
+    """--init-from must hold the model --model describes: the plan, the metrics and the config were made for
+    the description, and HF would silently build whatever the directory's config.json says."""
+    import json
+
+    saved = json.loads((init_from / "config.json").read_text())
+    wanted = to_hf_config(spec)
+    differ = [
+        f"{k}={saved[k]} (--model: {wanted[k]})"
+        for k in _SHAPE_KEYS
+        if k in saved
+        and k in wanted
+        and saved[k] is not None
+        and wanted[k] is not None
+        and saved[k] != wanted[k]
+    ]
+    if differ:
+        raise UserError(
+            f"--init-from: {init_from} holds a different model than --model {spec.name}: " + ", ".join(differ)
+        )
 
 
 def build_model(spec: ModelSpec, ds_config: dict[str, Any], init_from: Path | None = None) -> Any:
@@ -44,7 +87,10 @@ def build_model(spec: ModelSpec, ds_config: dict[str, Any], init_from: Path | No
             raise UserError(
                 f"--init-from: {init_from} has no config.json (expected a save_pretrained directory)"
             )
-        model = AutoModelForCausalLM.from_pretrained(init_from, dtype=dtype, attn_implementation="sdpa")
+        check_init_from(spec, Path(init_from))
+        model = AutoModelForCausalLM.from_pretrained(
+            init_from, dtype=dtype, attn_implementation=attention_implementation(spec.architecture)
+        )
     else:
         model = AutoModelForCausalLM.from_config(hf_config(spec), dtype=dtype)
     model._dstk_hf_deepspeed_config = keepalive

@@ -182,6 +182,7 @@ class _Search:
                                 offload_param=off_param,
                                 precision=precision,
                                 optimizer=self.fixed.get("optimizer", "adamw"),
+                                lora=self.fixed.get("lora"),
                                 zeropp=zeropp,
                             )
                             self._walk_micro(base, dp, micros)

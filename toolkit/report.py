@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 if TYPE_CHECKING:
     from toolkit.estimate import Estimate
@@ -103,7 +104,11 @@ def print_estimate(est: Estimate, title: str | None = None) -> None:
 
 
 def write_plan_report(path: Path, model: Any, cluster: Any, plan: Any, data: dict[str, Any]) -> None:
-    """A Markdown report of a plan: the layout, its memory and time, the reasons and the alternatives."""
+    """A Markdown report of a plan: the layout, its memory and time, the reasons and the alternatives; with
+    `data["training"]` the cost of the token budget, with `data["scaling"]` the scaling table; and two PNGs
+    beside it (per-GPU memory by component of the chosen and runner-up layouts, scaling), linked from it."""
+    from toolkit.cost_report import ScalingRow, memory_parts, runner_ups, short_layout, write_charts
+
     est = plan.best.estimate
     m, t = est.memory, est.time
     lines = [
@@ -128,12 +133,82 @@ def write_plan_report(path: Path, model: Any, cluster: Any, plan: Any, data: dic
         *[f"- {line}" for line in plan.explanation],
     ]
     if "training" in data:
-        tr = data["training"]
-        lines += [
-            "",
-            "## Training",
-            "",
-            f"- {tr['tokens']:.3g} tokens: {tr['days']:.1f} days, {tr['gpu_hours']:,.0f} GPU-hours",
-        ]
+        lines += ["", *training_lines(data["training"])]
+    bars = [(f"chosen: {short_layout(est.layout)}", memory_parts(est))]
+    bars += [(short_layout(a.layout), memory_parts(a.estimate)) for a in runner_ups(plan)]
+    rows = data.get("scaling", [])
     path.parent.mkdir(parents=True, exist_ok=True)
+    charts = write_charts(path, bars, plan.usable_bytes, est.capacity_bytes, [ScalingRow(**r) for r in rows])
+    gib = float(1 << 30)
+    lines += [
+        "",
+        "## Memory per GPU by component (GiB)",
+        "",
+        f"![memory per GPU by component]({quote(charts['memory'].name)})",
+        "",
+        "| layout | " + " | ".join(bars[0][1]) + " | total |",
+        "|---|" + "---|" * (len(bars[0][1]) + 1),
+        *[
+            f"| {label} | "
+            + " | ".join(f"{v / gib:.1f}" for v in parts.values())
+            + f" | {sum(parts.values()) / gib:.1f} |"
+            for label, parts in bars
+        ],
+        "",
+        f"Usable: {plan.usable_bytes / gib:.1f} GiB of {est.capacity_bytes / gib:.1f} GiB (the rest is the safety margin).",
+    ]
+    if rows:
+        lines += ["", *scaling_lines(rows, data["layout"]["global_batch_size"], charts.get("scaling"))]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def training_lines(tr: dict[str, Any]) -> list[str]:
+    """The "Training cost" section (see toolkit.cost_report for the arithmetic and its sources)."""
+    how = (
+        f"6·N·D / (GPUs · peak · MFU) with MFU {tr['mfu']:.1%} (`--mfu`)"
+        if tr["time_source"] == "mfu"
+        else f"tokens / the plan's {tr['tokens_per_s']:,.0f} tokens/s (MFU {tr['mfu']:.1%} in the 6·N·D convention)"
+    )
+    cost = (
+        f"{tr['cost']:,.0f} at {tr['price_per_gpu_hour']:g} per GPU-hour"
+        if tr["cost"] is not None
+        else "give `--price-per-gpu-hour`"
+    )
+    return [
+        "## Training cost",
+        "",
+        "| quantity | value |",
+        "|---|---|",
+        f"| tokens | {human_count(tr['tokens'])} ({tr['tokens']:.3g}) |",
+        f"| training compute 6·N·D | {tr['training_flops']:.3g} FLOPs (N = {human_count(tr['n_params'])} active parameters) |",
+        f"| GPUs × peak | {tr['gpus']:,} × {tr['peak_flops_per_gpu'] / 1e12:g} TFLOP/s |",
+        f"| time to train | {tr['days']:,.1f} days ({tr['hours']:,.0f} h): {how} |",
+        f"| GPU-hours | {tr['gpu_hours']:,.0f} |",
+        f"| energy | {tr['energy_kwh'] / 1000:,.1f} MWh = GPUs × {tr['gpu_power_w']:g} W × hours × PUE {tr['pue']:g} |",
+        f"| cost | {cost} |",
+        "",
+        "Time excludes checkpoint saves, restarts after failures and evaluation (see the checkpoint line above).",
+    ]
+
+
+def scaling_lines(rows: list[dict[str, Any]], global_batch: int, chart: Path | None) -> list[str]:
+    """The scaling table: the plan re-made at each node count with the same global batch."""
+    out = [
+        "## Scaling over node counts",
+        "",
+        f"Re-planned at each node count with the same constraints and global batch ({global_batch}); efficiency "
+        "is tokens/s per GPU relative to the smallest node count that fits.",
+        "",
+    ]
+    if chart is not None:
+        out += [f"![tokens/s over node counts]({quote(chart.name)})", ""]
+    out += ["| nodes | GPUs | layout | tokens/s | MFU | scaling efficiency |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["tokens_per_s"] is None:
+            out.append(f"| {r['nodes']} | {r['gpus']:,} | {r['reason']} | – | – | – |")
+        else:
+            out.append(
+                f"| {r['nodes']} | {r['gpus']:,} | {r['layout']} | {r['tokens_per_s']:,.0f} | {r['mfu']:.1%} | "
+                f"{r['efficiency']:.1%} |"
+            )
+    return out

@@ -32,6 +32,17 @@ def summarize(trainer: Any, run: Any, layout: Layout) -> dict[str, Any]:
         "model_state_bytes": trainer.record.model_states,
         "checkpoint_dir": str(run.checkpoint_dir) if run.checkpoint_dir else None,
     }
+    if getattr(run, "lora", None):
+        summary["lora"] = {
+            "spec": run.lora,
+            "trainable_params": sum(
+                getattr(p, "ds_numel", p.numel())
+                for p in trainer.engine.module.parameters()
+                if p.requires_grad
+            ),
+            "adapter_dir": str(run.run_dir / "adapter"),
+            **getattr(trainer, "lora_changes", {}),
+        }
     if run.cluster is not None:
         from toolkit.estimate import estimate
 
@@ -73,7 +84,7 @@ def print_comparison(s: dict[str, Any]) -> None:
     p = s.get("predicted") or {}
     mem = p.get("memory_per_gpu_bytes", {})
     engine = p.get("engine_model_states_bytes", {})
-    states = s["model_state_bytes"].get("after_backward") or [0]
+    states = s["model_state_bytes"].get("after_backward") or s["model_state_bytes"].get("after_step") or [0]
     lines = [
         f"Measured vs predicted ({s['model']}, {s['world_size']} ranks, {s['accelerator']}):",
         f"  {'':<34}{'measured':>14}{'predicted':>14}{'ratio':>9}",

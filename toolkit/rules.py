@@ -186,6 +186,32 @@ def _autoep_zero3(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> st
     return None
 
 
+def _lora_targets(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    from toolkit.errors import UserError
+    from toolkit.lora import parse_lora, targets
+
+    if r.lora is None:
+        return None
+    try:
+        targets(m, parse_lora(r.lora))
+    except UserError as err:
+        return str(err)
+    return None
+
+
+def _lora_data_parallel(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """dstk wraps the HF model with peft before `deepspeed.initialize`; AutoTP, the pipeline conversion and
+    DeepSpeed-MoE replace modules peft has already wrapped, and the 1-bit optimizers are not wired for it."""
+    if r.lora is None:
+        return None
+    if r.tp * r.pp * r.sp * r.ep > 1 or r.optimizer != "adamw":
+        return (
+            f"--lora: LoRA runs with data parallelism at any ZeRO stage and AdamW; got tp={r.tp}, pp={r.pp}, "
+            f"sp={r.sp}, ep={r.ep}, optimizer={r.optimizer}"
+        )
+    return None
+
+
 def _tp_sp_needs_tp(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
     if r.tp_sequence_parallel and r.tp == 1:
         return "--tp-sequence-parallel: sequence parallelism shards over the TP group; it needs --tp > 1"
@@ -221,6 +247,8 @@ RULES: tuple[Rule, ...] = (
     Rule("native_moe_needs_zero_le_2", _native_moe_zero3, scope="deepspeed"),
     Rule("autoep_zero3_limits", _autoep_zero3, scope="deepspeed"),
     Rule("tp_sequence_parallel_needs_megatron", _tp_sp_needs_megatron, scope="deepspeed"),
+    Rule("lora_targets_exist", _lora_targets),
+    Rule("lora_is_data_parallel", _lora_data_parallel, scope="deepspeed"),
 )
 
 

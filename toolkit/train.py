@@ -27,6 +27,8 @@ class TrainRun:
     cluster: ClusterSpec | None
     keep_last: int
     loop: Any  # toolkit.trainer.LoopOptions
+    lora: str | None = None
+    """LoRA spec (`r=16,alpha=32`): adapters train, the base stays frozen; from --lora or the config's plan."""
 
 
 def _prepare_default_data(run: TrainRun, rt: Any) -> Path:
@@ -109,6 +111,27 @@ def _pipeline(model: Any, spec: ModelSpec, layout: Any, config: dict[str, Any]) 
     return pipe, [p for p in pipe.parameters() if p.requires_grad]
 
 
+def _local_tensors(model: Any, trainable: bool) -> dict[str, Any]:
+    """This rank's copy of the (trainable or frozen) parameters: the ZeRO-3 partition or the whole tensor."""
+    return {
+        n: getattr(p, "ds_tensor", p.data).detach().float().clone()
+        for n, p in model.named_parameters()
+        if p.requires_grad == trainable
+    }
+
+
+def _max_change(before: dict[str, Any], model: Any, trainable: bool) -> float:
+    """Largest absolute change of any local element since `before`, the maximum over the ranks."""
+    import torch
+    import torch.distributed as dist
+
+    after = _local_tensors(model, trainable)
+    worst = max((float((after[n] - t).abs().max()) for n, t in before.items() if t.numel()), default=0.0)
+    out = torch.tensor([worst], dtype=torch.float64)
+    dist.all_reduce(out, op=dist.ReduceOp.MAX)
+    return float(out.item())
+
+
 def _resume_tag(ckpt: Any, run: TrainRun) -> str | None:
     """The checkpoint to resume from (all ranks agree), or None."""
     if ckpt is None or run.resume == "never":
@@ -135,7 +158,7 @@ def main(run: TrainRun) -> dict[str, Any]:
     from toolkit.metrics import Logger
     from toolkit.models import build_model
     from toolkit.report_run import summarize
-    from toolkit.runtime import init_distributed, seed_everything, shutdown
+    from toolkit.runtime import allow_heap_reuse, init_distributed, seed_everything, shutdown
     from toolkit.trainer import Trainer
     from toolkit.universal import is_universal
 
@@ -150,7 +173,14 @@ def main(run: TrainRun) -> dict[str, Any]:
         _check_data(run.model, data)
         seed_everything(run.loop.seed)
         model = build_model(run.model, run.config, run.init_from)
+        if run.lora:
+            from toolkit.lora import apply_lora, parse_lora
+
+            layout = layout.model_copy(update={"lora": run.lora})
+            model = apply_lora(model, run.model, parse_lora(run.lora))
         aux, params = _moe(model, run.model, layout)
+        if run.lora:
+            params = [p for p in model.parameters() if p.requires_grad]
         if layout.pp > 1:
             model, params = _pipeline(model, run.model, layout, run.config)
         elif layout.recompute == "full":
@@ -168,6 +198,7 @@ def main(run: TrainRun) -> dict[str, Any]:
             optimizer=client_optimizer,
             config=config,
         )
+        allow_heap_reuse()  # the model is built and partitioned: from here on, reuse freed memory
         if client_optimizer is not None:
             from toolkit.onebit import attach_to_engine
 
@@ -188,12 +219,22 @@ def main(run: TrainRun) -> dict[str, Any]:
             trainer.record.evals.append({"step": trainer.step, **trainer.evaluate()})
         else:
             logger = Logger(run.run_dir, engine, rt.is_main, run.loop.steps, trainer.step, run.loop.progress)
+            frozen = _local_tensors(engine.module, trainable=False) if run.lora else None
+            adapters = _local_tensors(engine.module, trainable=True) if run.lora else None
             try:
                 trainer.run(logger)
             finally:
                 logger.close()
-            if ckpt is not None and not (run.loop.save_every and trainer.step % run.loop.save_every == 0):
-                trainer.save()  # the final state, unless the last periodic save already holds it
+            if run.lora:
+                from toolkit.lora import save_adapters
+
+                save_adapters(engine, run.run_dir / "adapter", rt.is_main)
+                trainer.lora_changes = {
+                    "frozen_max_abs_change": _max_change(frozen, engine.module, trainable=False),
+                    "adapter_max_abs_change": _max_change(adapters, engine.module, trainable=True),
+                }
+            if ckpt is not None and trainer.step not in trainer.saved_steps:
+                trainer.save()  # the final state, unless a checkpoint already holds it
         summary = summarize(trainer, run, layout)
     except BaseException:
         shutdown(clean=False)

@@ -31,6 +31,7 @@ VERBS: dict[str, tuple[str, str]] = {
     ),
     "data": ("data", "Generate a demo corpus, or prepare text files into packed training sequences."),
     "export": ("export", "Write a consolidated HF save_pretrained directory from a checkpoint."),
+    "grow": ("grow", "Grow a trained model in depth/width (function-preserving) for dstk train --init-from."),
     "train": ("train", "Train on the ranks a launcher started (what dstk launch runs on every rank)."),
     "presets": ("presets", "List model and cluster presets with their key figures."),
     "env": ("env", "Show library versions and the accelerator (stamped into benchmark results)."),
@@ -55,6 +56,7 @@ CLUSTER_OVERRIDES = (
     "cpu_memory_gib",
     "nvme_gib",
     "gpu_matmul_efficiency",
+    "attention_efficiency",
 )
 
 
@@ -69,6 +71,11 @@ def _choices(annotation: Any) -> tuple[type, list[Any] | None]:
         values = list(typing.get_args(annotation))
         return type(values[0]), values
     return inner if isinstance(inner, type) else str, None
+
+
+def _help(text: str | None) -> str | None:
+    """A field docstring as argparse help: argparse %-formats help strings, so a literal % must be %%."""
+    return None if text is None else text.replace("%", "%%")
 
 
 def add_model_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
@@ -93,7 +100,9 @@ def add_cluster_args(parser: argparse.ArgumentParser, required: bool = True) -> 
     for name in CLUSTER_OVERRIDES:
         field = ClusterSpec.model_fields[name]
         kind, _ = _choices(field.annotation)
-        group.add_argument(f"--{name.replace('_', '-')}", type=kind, metavar="X", help=field.description)
+        group.add_argument(
+            f"--{name.replace('_', '-')}", type=kind, metavar="X", help=_help(field.description)
+        )
 
 
 def add_layout_args(parser: argparse.ArgumentParser) -> None:
@@ -105,15 +114,15 @@ def add_layout_args(parser: argparse.ArgumentParser) -> None:
         kind, choices = _choices(field.annotation)
         if kind is bool:
             action = argparse.BooleanOptionalAction
-            group.add_argument(flag, dest=name, action=action, default=None, help=field.description)
+            group.add_argument(flag, dest=name, action=action, default=None, help=_help(field.description))
             continue
         group.add_argument(
             flag,
             dest=name,
             type=kind,
             choices=choices,
-            metavar=None if choices else "N",
-            help=field.description,
+            metavar=None if choices else ("SPEC" if kind is str else "N"),
+            help=_help(field.description),
         )
 
 

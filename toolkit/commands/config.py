@@ -1,4 +1,6 @@
-"""`dstk config`: write the DeepSpeed config for a layout (given by flags, or chosen with --plan).
+"""`dstk config`: write the DeepSpeed config for a layout (given by flags, or chosen with --plan), and the
+settings of the runtime that will run it: HF Trainer (`--hf-trainer`), Accelerate (`--accelerate`) or
+Megatron-DeepSpeed (`--megatron`); see :mod:`toolkit.ecosystem`.
 
 Imports DeepSpeed lazily, only to validate what it writes.
 """
@@ -6,8 +8,10 @@ Imports DeepSpeed lazily, only to validate what it writes.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 from toolkit.commands import (
     add_cluster_args,
@@ -41,6 +45,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="let the planner choose the layout; layout flags become constraints",
     )
+    targets = parser.add_argument_group("runtime the config is for (default: dstk train)")
+    targets.add_argument(
+        "--hf-trainer",
+        action="store_true",
+        help="HF Trainer: 'auto' where the Trainer fills values from TrainingArguments, and those arguments "
+        "in FILE's stem + .training_args.json",
+    )
+    targets.add_argument(
+        "--accelerate",
+        action="store_true",
+        help="also write an Accelerate config (FILE's stem + .accelerate.yaml) for accelerate launch --config_file",
+    )
+    targets.add_argument(
+        "--megatron",
+        action="store_true",
+        help="Megatron-DeepSpeed: print the pretrain_gpt.py arguments; FILE is the config they name "
+        "(implies --target megatron)",
+    )
     parser.add_argument(
         "--no-validate",
         dest="validate",
@@ -50,11 +72,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("training options written into the config")
     for name, flag in OPTION_FLAGS.items():
         field = ConfigOptions.model_fields[name]
+        text = (field.description or "").replace("%", "%%")  # argparse %-formats help ("20 % of ...")
         if field.annotation is bool:
-            group.add_argument(flag, dest=name, action="store_true", default=None, help=field.description)
+            group.add_argument(flag, dest=name, action="store_true", default=None, help=text)
         else:
             kind = float if name == "lr" else int if "steps" in name or name == "freeze_step" else str
-            group.add_argument(flag, dest=name, type=kind, metavar="X", help=field.description)
+            group.add_argument(flag, dest=name, type=kind, metavar="X", help=text)
 
 
 OPTION_FLAGS = {
@@ -71,25 +94,147 @@ OPTION_FLAGS = {
 }
 
 
-def run(args: argparse.Namespace) -> int:
-    from toolkit import ds_config
-    from toolkit.layout import resolve_layout
-    from toolkit.load import build
+def _check_targets(args: argparse.Namespace) -> None:
+    from toolkit.errors import UserError
 
-    model, cluster = model_from_args(args), cluster_from_args(args)
+    if args.megatron and (args.hf_trainer or args.accelerate):
+        raise UserError(
+            "--megatron: Megatron-DeepSpeed has its own launcher and trainer; it cannot be combined with "
+            "--hf-trainer or --accelerate"
+        )
+    if str(args.output) == "-" and (args.hf_trainer or args.accelerate or args.megatron):
+        raise UserError(
+            "-o: --hf-trainer/--accelerate write files next to the DeepSpeed JSON, and --megatron prints its "
+            "arguments on stdout; give -o FILE"
+        )
+
+
+def _megatron_defaults(args: argparse.Namespace) -> None:
+    """Megatron runs TP with its sequence parallelism and always with a vocabulary-parallel embedding: the
+    planner assumes both for --target megatron, so an explicit layout does too unless told otherwise."""
+    args.target = "megatron"
+    if not args.plan:
+        tp = args.tp or 1
+        for name in ("tp_sequence_parallel", "tp_vocab_parallel"):
+            if getattr(args, name) is None:
+                setattr(args, name, tp > 1)
+
+
+def _companion(path: Path, suffix: str) -> Path:
+    """`ds.json` -> `ds<suffix>` beside it (`ds.training_args.json`, `ds.accelerate.yaml`)."""
+    stem = path.name[: -len(".json")] if path.name.endswith(".json") else path.name
+    return path.with_name(stem + suffix)
+
+
+def _write_text(path: Path, text: str) -> None:
+    """Atomically (as ds_config.write does), so a failed run never leaves half a file behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def _write_targets(
+    args: argparse.Namespace, model: Any, cluster: Any, layout: Any, cfg: dict[str, Any]
+) -> None:
+    """Write the files of the runtime(s) asked for (see toolkit.ecosystem); everything is built first, so a
+    refusal leaves no partial output behind."""
+    from toolkit import ds_config
+    from toolkit.ecosystem import without_dstk_block
+
+    files: dict[Path, str] = {args.output: ds_config.dumps(without_dstk_block(cfg))}
+    stdout = ""
+    if args.megatron:
+        from toolkit.ecosystem import megatron
+
+        megatron_cfg = megatron.megatron_ds_config(cfg, layout)
+        if args.validate:
+            # DeepSpeed sees Megatron's mpu: only the data-parallel ranks count in its batch check
+            _validate(megatron_cfg, layout.dp, cluster.accelerator)
+        files[args.output] = ds_config.dumps(megatron_cfg)
+        stdout = shlex.join(megatron.megatron_args(model, cluster, layout, cfg, args.output)) + "\n"
+    elif args.hf_trainer:
+        from toolkit.ecosystem.hf_trainer import hf_trainer_files
+
+        hf_cfg, training_args = hf_trainer_files(cfg, cluster, layout)
+        files[args.output] = ds_config.dumps(hf_cfg)
+        files[_companion(args.output, ".training_args.json")] = ds_config.dumps(training_args)
+    if args.accelerate:
+        from toolkit.ecosystem import accelerate
+
+        yaml_text = accelerate.dumps(accelerate.accelerate_config(cluster, layout, args.output))
+        files[_companion(args.output, ".accelerate.yaml")] = yaml_text
+    for path, text in files.items():
+        _write_text(path, text)
+    sys.stdout.write(stdout)
+    print(f"wrote {', '.join(map(str, files))} ({' '.join(layout.flags())})", file=sys.stderr)
+
+
+def _validate(cfg: dict[str, Any], world_size: int, accelerator: str) -> None:
+    from toolkit.validate import validate_config
+
+    problems = validate_config(cfg, world_size, accelerator)
+    if problems:  # dstk generated something DeepSpeed refuses: our bug, not the user's
+        raise RuntimeError("generated config rejected by DeepSpeed: " + "; ".join(problems))
+
+
+def _check_inputs(args: argparse.Namespace, model: Any, cluster: Any) -> None:
+    """What a target runtime refuses whatever the layout (before planning)."""
+    if args.accelerate:
+        from toolkit.ecosystem.accelerate import check_cluster
+
+        check_cluster(cluster)
+    if args.megatron:
+        from toolkit.ecosystem.megatron import check_model
+
+        check_model(model)
+
+
+def _check_layout(args: argparse.Namespace, model: Any, layout: Any) -> None:
+    """What a target runtime cannot run as planned (ecosystem.hf_trainer / ecosystem.megatron)."""
+    if args.hf_trainer or args.accelerate:
+        from toolkit.ecosystem.hf_trainer import check_layout
+
+        check_layout(model, layout, "--hf-trainer" if args.hf_trainer else "--accelerate")
+    if args.megatron:
+        from toolkit.ecosystem.megatron import check_layout as check_megatron
+
+        check_megatron(model, layout)
+
+
+def _layout(args: argparse.Namespace, model: Any, cluster: Any) -> Any:
+    """The layout the flags describe, or with --plan the planner's choice under them as constraints."""
+    from toolkit.layout import resolve_layout
+
     request = layout_request_from_args(args)
     scopes = scopes_from_args(args)
-    if args.plan:
-        from toolkit.planner import DEFAULT_MARGIN, nothing_fits_message, plan
+    if not args.plan:
+        return resolve_layout(model, cluster, request, scopes)
+    from toolkit.planner import DEFAULT_MARGIN, nothing_fits_message, plan
 
-        fixed = request.model_dump(exclude_unset=True)
-        batch = fixed.pop("global_batch_size", None)
-        result = plan(model, cluster, fixed, global_batch=batch, scopes=scopes)
-        if result is None:
-            raise nothing_fits_message(model, cluster, fixed, batch, DEFAULT_MARGIN, scopes)
-        layout = result.best.layout
-    else:
-        layout = resolve_layout(model, cluster, request, scopes)
+    fixed = request.model_dump(exclude_unset=True)
+    if args.hf_trainer or args.accelerate:  # layouts they cannot run are not worth planning
+        fixed.setdefault("pp", 1)
+        fixed.setdefault("sp", 1)
+    batch = fixed.pop("global_batch_size", None)
+    result = plan(model, cluster, fixed, global_batch=batch, scopes=scopes)
+    if result is None:
+        raise nothing_fits_message(model, cluster, fixed, batch, DEFAULT_MARGIN, scopes)
+    return result.best.layout
+
+
+def run(args: argparse.Namespace) -> int:
+    from toolkit import ds_config
+    from toolkit.estimate import estimate
+    from toolkit.load import build
+
+    _check_targets(args)
+    if args.megatron:
+        _megatron_defaults(args)
+    model, cluster = model_from_args(args), cluster_from_args(args)
+    _check_inputs(args, model, cluster)
+    layout = _layout(args, model, cluster)
+    _check_layout(args, model, layout)
     options = build(
         ds_config.ConfigOptions,
         {k: getattr(args, k) for k in OPTION_FLAGS if getattr(args, k) is not None},
@@ -97,8 +242,6 @@ def run(args: argparse.Namespace) -> int:
         labels=OPTION_FLAGS,
     )
     cfg = ds_config.build_ds_config(model, cluster, layout, options)
-    from toolkit.estimate import estimate
-
     predicted = estimate(model, cluster, layout)
     if not predicted.fits:
         print(
@@ -107,12 +250,10 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if args.validate:
-        from toolkit.validate import validate_config
-
-        problems = validate_config(cfg, cluster.world_size, cluster.accelerator)
-        if problems:  # dstk generated something DeepSpeed refuses: our bug, not the user's
-            raise RuntimeError("generated config rejected by DeepSpeed: " + "; ".join(problems))
-    if str(args.output) == "-":
+        _validate(cfg, cluster.world_size, cluster.accelerator)
+    if args.hf_trainer or args.accelerate or args.megatron:
+        _write_targets(args, model, cluster, layout, cfg)
+    elif str(args.output) == "-":
         sys.stdout.write(ds_config.dumps(cfg))
     else:
         ds_config.write(cfg, args.output)

@@ -1,4 +1,5 @@
-"""`dstk data`: `generate` a synthetic demo corpus; `prepare` raw text into packed training sequences.
+"""`dstk data`: `generate` a synthetic demo corpus; `prepare` raw text into packed (or, with --no-pack,
+per-document) training sequences.
 
 The threshold flags of `prepare` are derived from the pydantic fields they set (name, type, choices, help,
 default), so the help text and the pipeline's defaults cannot drift apart.
@@ -59,6 +60,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     prep.add_argument("--out", type=Path, required=True, metavar="DIR")
     prep.add_argument("--seq-length", type=int, default=128, metavar="N", help="tokens per training sequence")
+    prep.add_argument(
+        "--no-pack",
+        dest="packing",
+        action="store_const",
+        const="none",
+        help="a row per document (cut into --seq-length pieces when longer) instead of packed rows, "
+        "for dstk train --token-budget",
+    )
     which = prep.add_mutually_exclusive_group(required=True)
     which.add_argument("--tokenizer", type=Path, metavar="DIR", help="a local HF tokenizer directory")
     which.add_argument(
@@ -144,6 +153,7 @@ def prepare_options(args: argparse.Namespace) -> Any:
         "temperature": args.temperature,
         "max_shard_mb": args.max_shard_mb,
         "tokenizer_sample_mb": args.tokenizer_sample_mb,
+        "packing": getattr(args, "packing", None),
     }
     labels = {n: _flag(n) for n in ("temperature", "max_shard_mb", "tokenizer_sample_mb")}
     return build(PrepareOptions, {k: v for k, v in given.items() if v is not None}, SOURCE, labels=labels)
@@ -178,9 +188,14 @@ def run(args: argparse.Namespace) -> int:
     )
     dropped = ", ".join(f"{n} {reason}" for reason, n in manifest["dropped"].items() if n) or "none"
     kept = sum(manifest["documents"].values())
+    size = (
+        f"of {args.seq_length} tokens"
+        if manifest["packing"] == "concat"
+        else f"of up to {args.seq_length} tokens"
+    )
     print(
         f"wrote {args.out}: {manifest['rows']['train']} training and {manifest['rows']['validation']} validation "
-        f"sequences of {args.seq_length} tokens, vocabulary {manifest['vocab_size']}; "
+        f"sequences {size}, vocabulary {manifest['vocab_size']}; "
         f"{kept} of {manifest['stages'][0]['in']} documents kept (dropped: {dropped})"
     )
     return 0

@@ -1,13 +1,16 @@
 """`dstk launch`: write the hostfile, build the `deepspeed` launcher command, run it (or print it).
 
 With no script after `--`, the program is `dstk train` with the given config; `--max-restarts N` reruns a
-failed job up to N times, resuming from the newest complete checkpoint each time.
+failed job up to N times, resuming from the newest complete checkpoint each time. `--slurm FILE` writes an
+sbatch script that runs the same command on the nodes SLURM allocates, instead of running anything.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -37,6 +40,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="rerun a failed job up to N times, resuming from the newest complete checkpoint",
     )
     parser.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
+    slurm = parser.add_argument_group("SLURM (with --slurm)")
+    slurm.add_argument(
+        "--slurm",
+        type=Path,
+        metavar="FILE",
+        help="write an sbatch script for this launch to FILE (hostfile from SLURM_JOB_NODELIST) and stop",
+    )
+    slurm.add_argument("--job-name", metavar="NAME", help="#SBATCH --job-name (default dstk-MODEL)")
+    slurm.add_argument("--time", metavar="D-H:M:S", help="#SBATCH --time wall-clock limit")
+    slurm.add_argument("--partition", metavar="P", help="#SBATCH --partition")
+    slurm.add_argument("--account", metavar="A", help="#SBATCH --account")
+    slurm.add_argument(
+        "--cpus-per-task",
+        type=int,
+        metavar="N",
+        help="#SBATCH --cpus-per-task (default: --exclusive whole nodes)",
+    )
+    slurm.add_argument(
+        "--gres", metavar="SPEC", help="#SBATCH --gres instead of --gpus-per-node, e.g. gpu:a100:8"
+    )
     parser.add_argument(
         "program",
         nargs=argparse.REMAINDER,
@@ -62,6 +85,24 @@ def _program(args: argparse.Namespace, cluster_file: Path) -> list[str]:
     return program + extra
 
 
+def remove_shm_buffers(port: int) -> int:
+    """Delete the shared-memory all-reduce buffers the job on `port` left in /dev/shm; how many.
+
+    DeepSpeed's CPU communication op (`shm_comm`, loaded by every torch backend) creates one 66 MB
+    `/dev/shm/deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>` per rank and never unlinks it
+    (`shared_close` is never called). /dev/shm is RAM: jobs on fresh ports fill it until ranks are killed.
+    Called once the job's ranks have exited, so nothing maps them any more."""
+    import glob
+    import os
+
+    removed = 0
+    for path in glob.glob(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*"):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+            removed += 1
+    return removed
+
+
 def run(args: argparse.Namespace) -> int:
     import yaml
 
@@ -70,7 +111,13 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_restarts < 0:
         raise UserError("--max-restarts: must not be negative")
+    if args.slurm is None:
+        for flag in SLURM_ONLY:
+            if getattr(args, flag.lstrip("-").replace("-", "_")) is not None:
+                raise UserError(f"{flag}: only with --slurm FILE")
     cluster = cluster_from_args(args)
+    if args.slurm is not None:
+        return _write_slurm(args, cluster)
     hostfile, cluster_file = args.run_dir / "hostfile", args.run_dir / "cluster.yaml"
     text = hostfile_text(cluster)
     program = _program(args, cluster_file)
@@ -86,12 +133,17 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     env = {**os.environ, **launch.env}
+    if cluster.accelerator == "cpu" and "OMP_NUM_THREADS" not in env:
+        # each rank would otherwise start one OpenMP thread per core: N ranks oversubscribe the cores N times
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cluster.gpus_per_node))
     argv = [sys.executable, "-m", "deepspeed.launcher.runner", *launch.argv[1:]]
     log = args.run_dir / "launch_events.jsonl"
     attempt = 0
     while True:
         start = time.time()
         code = subprocess.call(argv, env=env)
+        if cluster.nodes == 1:
+            remove_shm_buffers(args.master_port)
         _event(log, {"attempt": attempt, "exit_code": code, "seconds": round(time.time() - start, 1)})
         if code == 0 or attempt >= args.max_restarts:
             return code
@@ -104,6 +156,61 @@ def run(args: argparse.Namespace) -> int:
         )
         if "--resume" not in argv:
             argv += ["--resume", "auto"]
+
+
+SLURM_ONLY = ("--job-name", "--time", "--partition", "--account", "--cpus-per-task", "--gres")
+
+
+def _default_job_name(program: list[str]) -> str:
+    """dstk-MODEL when the program names a model (sanitised for #SBATCH), else dstk."""
+    import re
+
+    if "--model" in program[:-1]:
+        model = Path(program[program.index("--model") + 1]).stem
+        return ("dstk-" + re.sub(r"[^A-Za-z0-9._+-]", "-", model))[:128]
+    return "dstk"
+
+
+def _write_slurm(args: argparse.Namespace, cluster: object) -> int:
+    """Write the sbatch script (and the run directory's cluster.yaml the job reads); start nothing."""
+    import os
+
+    import yaml
+
+    from toolkit.slurm import SlurmOptions, sbatch_script
+
+    run_dir = args.run_dir.resolve()
+    program = _program(args, run_dir / "cluster.yaml")
+    options = SlurmOptions(
+        job_name=args.job_name or _default_job_name(program),
+        time=args.time,
+        partition=args.partition,
+        account=args.account,
+        cpus_per_task=args.cpus_per_task,
+        gres=args.gres,
+    )
+    script = sbatch_script(
+        cluster,  # type: ignore[arg-type]
+        program,
+        run_dir=run_dir,
+        workdir=Path(os.getcwd()),
+        options=options,
+        master_port=args.master_port,
+        include=args.include,
+        exclude=args.exclude,
+        max_restarts=args.max_restarts,
+    )
+    run_dir.mkdir(parents=True, exist_ok=True)  # sbatch opens --output there before the script starts
+    (run_dir / "cluster.yaml").write_text(
+        yaml.safe_dump(cluster.model_dump(exclude_none=True), sort_keys=False)  # type: ignore[attr-defined]
+    )
+    args.slurm.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.slurm.with_name(args.slurm.name + ".tmp")
+    tmp.write_text(script, encoding="utf-8")
+    tmp.chmod(0o755)
+    tmp.replace(args.slurm)
+    print(f"wrote {args.slurm}; submit it with: sbatch {shlex.quote(str(args.slurm))}")
+    return 0
 
 
 def _event(path: Path, record: dict[str, object]) -> None:

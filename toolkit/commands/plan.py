@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +32,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="F",
         help="fraction of GPU memory kept free (default 0.10)",
     )
-    parser.add_argument(
-        "--tokens", type=float, metavar="N", help="training tokens, for time-to-train (e.g. 300e9)"
+    cost = parser.add_argument_group("training cost (with --tokens)")
+    cost.add_argument(
+        "--tokens",
+        metavar="N",
+        help="training tokens (300e9, 3e11, 300B, 1.5T): adds time to train, GPU-hours, energy and cost",
     )
-    parser.add_argument("--report", type=Path, metavar="F", help="also write a Markdown report to F")
+    cost.add_argument(
+        "--price-per-gpu-hour",
+        type=float,
+        metavar="X",
+        help="price of one GPU-hour, for the cost (any currency)",
+    )
+    cost.add_argument(
+        "--mfu",
+        metavar="M",
+        help="take the time from this model FLOPs utilisation (0.45 or 45%%): 6·N·D / (GPUs · peak · MFU), "
+        "instead of from the plan's predicted tokens/s",
+    )
+    cost.add_argument(
+        "--pue",
+        type=float,
+        metavar="P",
+        help="datacenter power usage effectiveness for the energy (default 1.1, Patterson et al. 2021)",
+    )
+    parser.add_argument(
+        "--report",
+        type=Path,
+        metavar="F",
+        help="also write a Markdown report to F, with memory and scaling charts (PNG) beside it",
+    )
+    parser.add_argument(
+        "--scaling-nodes",
+        metavar="LIST",
+        help="node counts of the report's scaling table, e.g. 8,16,32 (default: N/4, N/2, N, 2N)",
+    )
     parser.add_argument(
         "--elastic",
         metavar="MIN..MAX",
@@ -43,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
-def plan_to_dict(plan: Any, ds_config: dict[str, Any], tokens: float | None) -> dict[str, Any]:
+def plan_to_dict(plan: Any, ds_config: dict[str, Any], training: dict[str, Any] | None) -> dict[str, Any]:
     best = plan.best
     out = {
         "layout": best.layout.model_dump(),
@@ -62,20 +94,57 @@ def plan_to_dict(plan: Any, ds_config: dict[str, Any], tokens: float | None) -> 
         "searched": plan.searched,
         "checkpoint": plan.checkpoint.to_dict(),
     }
-    if tokens:
-        seconds = tokens / best.estimate.tokens_per_s
-        out["training"] = {
-            "tokens": tokens,
-            "days": seconds / 86400,
-            "gpu_hours": seconds / 3600 * best.layout.world_size,
-        }
+    if training is not None:
+        out["training"] = training
     return out
+
+
+def _cost_inputs(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The validated cost flags (before any search, so a typo fails fast), or None without --tokens."""
+    from toolkit.cost_report import DEFAULT_PUE, parse_mfu, parse_tokens
+    from toolkit.errors import UserError
+
+    if args.tokens is None:
+        for flag in ("price_per_gpu_hour", "mfu", "pue"):
+            if getattr(args, flag) is not None:
+                raise UserError(
+                    f"--{flag.replace('_', '-')}: needs --tokens (the cost is for a token budget)"
+                )
+        return None
+    price = args.price_per_gpu_hour
+    if price is not None and not (price >= 0 and math.isfinite(price)):
+        raise UserError(f"--price-per-gpu-hour: {price:g} must be a non-negative number")
+    pue = DEFAULT_PUE if args.pue is None else args.pue
+    if not 1 <= pue < 10:
+        raise UserError(f"--pue: {pue:g} must be in [1, 10): facility energy over IT energy, e.g. 1.1")
+    return {
+        "tokens": parse_tokens(args.tokens),
+        "mfu": None if args.mfu is None else parse_mfu(args.mfu),
+        "pue": pue,
+        "price_per_gpu_hour": price,
+    }
+
+
+def _training(inputs: dict[str, Any], model: Any, cluster: Any, best: Any) -> dict[str, Any]:
+    """The `training` block: time, GPU-hours, energy and cost of the token budget (toolkit.cost_report)."""
+    from toolkit.cost_report import training_cost
+
+    cost = training_cost(
+        n_params=model.n_active_params(),
+        gpus=best.layout.world_size,
+        peak_flops_per_gpu=cluster.peak_flops(best.layout.precision),
+        plan_tokens_per_s=best.estimate.tokens_per_s,
+        gpu_power_w=cluster.gpu_power_w,
+        **inputs,
+    )
+    return cost.to_dict()
 
 
 def run(args: argparse.Namespace) -> int:
     from toolkit.ds_config import build_ds_config
     from toolkit.errors import UserError
     from toolkit.planner import DEFAULT_MARGIN, nothing_fits_message, plan
+    from toolkit.recipes import recipe_line
 
     model, cluster = model_from_args(args), cluster_from_args(args)
     request = layout_request_from_args(args)
@@ -83,14 +152,27 @@ def run(args: argparse.Namespace) -> int:
     margin = DEFAULT_MARGIN if args.memory_margin is None else args.memory_margin
     if not 0 <= margin < 1:
         raise UserError(f"--memory-margin: {margin} must be in [0, 1)")
-    if args.tokens is not None and not args.tokens > 0:
-        raise UserError(f"--tokens: {args.tokens:g} must be positive")
     scopes = scopes_from_args(args)
     global_batch = fixed.pop("global_batch_size", None)
+    cost_inputs = _cost_inputs(args)
+    if args.scaling_nodes:
+        from toolkit.cost_report import parse_node_counts
+
+        parse_node_counts(args.scaling_nodes)
     result = plan(model, cluster, fixed, global_batch=global_batch, margin=margin, scopes=scopes)
     if result is None:
         raise nothing_fits_message(model, cluster, fixed, global_batch, margin, scopes)
-    data = plan_to_dict(result, build_ds_config(model, cluster, result.best.layout), args.tokens)
+    training = None if cost_inputs is None else _training(cost_inputs, model, cluster, result.best)
+    opts = None
+    if cost_inputs is not None:
+        from toolkit.ds_config import ConfigOptions
+
+        # the schedule spans the token budget: warm-up and cosine decay are laid out over the whole run
+        tokens_per_step = result.best.layout.global_batch_size * model.seq_length
+        opts = ConfigOptions(train_steps=max(1, math.ceil(cost_inputs["tokens"] / tokens_per_step)))
+    ds_config = build_ds_config(model, cluster, result.best.layout, opts)
+    data = plan_to_dict(result, ds_config, training)
+    data["recipe"] = recipe_line(ds_config, model)
     if args.elastic:
         from toolkit.elastic import elastic_sizes, parse_range
 
@@ -109,6 +191,26 @@ def run(args: argparse.Namespace) -> int:
             }
             for s in sizes
         ]
+    if args.report or args.scaling_nodes:
+        from dataclasses import asdict
+
+        from toolkit.cost_report import default_node_counts, parse_node_counts, scaling_rows
+
+        counts = (
+            parse_node_counts(args.scaling_nodes)
+            if args.scaling_nodes
+            else default_node_counts(cluster.nodes)
+        )
+        rows = scaling_rows(
+            model,
+            cluster,
+            fixed,
+            global_batch=result.best.layout.global_batch_size,
+            margin=margin,
+            scopes=scopes,
+            node_counts=counts,
+        )
+        data["scaling"] = [asdict(r) for r in rows]
     if args.report:
         from toolkit.report import write_plan_report
 
@@ -122,6 +224,7 @@ def run(args: argparse.Namespace) -> int:
     print("\nWhy:")
     for line in result.explanation:
         print(f"  - {line}")
+    print(f"\nOptimisation recipe: {data['recipe']}")
     print(
         f"\nReproduce: dstk estimate --model {args.model or model.name} --cluster {args.cluster} "
         f"--nodes {cluster.nodes} {' '.join(result.best.layout.flags())}"
@@ -136,5 +239,21 @@ def run(args: argparse.Namespace) -> int:
             print(f"  elastic world size {s['world_size']:>5}: refused, {s['refused_because']}")
     if "training" in data:
         t = data["training"]
-        print(f"Training {t['tokens']:.3g} tokens: {t['days']:.1f} days, {t['gpu_hours']:,.0f} GPU-hours")
+        how = "at --mfu" if t["time_source"] == "mfu" else "at the planned tokens/s"
+        cost = f", cost {t['cost']:,.0f}" if t["cost"] is not None else ""
+        print(
+            f"Training {t['tokens']:.3g} tokens ({t['training_flops']:.3g} FLOPs, 6·N·D): {t['days']:.1f} days "
+            f"{how} (MFU {t['mfu']:.1%}), {t['gpu_hours']:,.0f} GPU-hours, {t['energy_kwh'] / 1000:,.1f} MWh "
+            f"(PUE {t['pue']:g}){cost}"
+        )
+    for r in data.get("scaling", []):
+        if r["tokens_per_s"] is None:
+            print(f"  scaling {r['nodes']:>5} nodes: {r['reason']}")
+        else:
+            print(
+                f"  scaling {r['nodes']:>5} nodes: {r['tokens_per_s']:,.0f} tokens/s, efficiency "
+                f"{r['efficiency']:.1%} ({r['layout']})"
+            )
+    if args.report:
+        print(f"Report: {args.report}")
     return 0

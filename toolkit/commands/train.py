@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from toolkit.commands import add_model_args
+from toolkit.stability import GuardOptions
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,9 +72,141 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="cluster to predict against (default: the cpu preset on the CPU accelerator)",
     )
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    parser.add_argument(
+        "--lora",
+        metavar="SPEC",
+        help="LoRA fine-tuning with peft, e.g. r=16,alpha=32 (usually with --init-from); the adapters are "
+        "saved to RUN_DIR/adapter",
+    )
+    _add_guard_arguments(parser)
+    _add_batching_arguments(parser)
     parser.add_argument("--fault-after-save-shards", type=int, metavar="STEP", help=argparse.SUPPRESS)
     parser.add_argument("--crash-at-step", type=int, metavar="STEP", help=argparse.SUPPRESS)
     parser.add_argument("--crash-rank", type=int, default=0, metavar="RANK", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--inject-fault", action="append", metavar="STEP[+]:nan|spike", help=argparse.SUPPRESS
+    )
+
+
+GUARD_FLAGS = {
+    "spike_window": "window",
+    "spike_mads": "mads",
+    "spike_steps": "patience",
+    "spike_lr_factor": "lr_factor",
+    "max_rollbacks": "max_rollbacks",
+}
+"""argparse destination → GuardOptions field."""
+
+
+def _add_guard_arguments(parser: argparse.ArgumentParser) -> None:
+    """The spike guard's flags (toolkit.stability); their defaults are GuardOptions'."""
+    g = parser.add_argument_group("spike guard")
+    g.add_argument(
+        "--spike-guard",
+        action="store_true",
+        help="on a loss or gradient-norm spike, roll back to the last checkpoint and skip the data read since "
+        "(needs --checkpoint-dir)",
+    )
+    g.add_argument(
+        "--spike-window",
+        type=int,
+        metavar="N",
+        help=f"steps in the median/MAD baseline (default {GuardOptions.window})",
+    )
+    g.add_argument(
+        "--spike-mads",
+        type=float,
+        metavar="K",
+        help=f"anomalous above median + K·MAD (default {GuardOptions.mads:g})",
+    )
+    g.add_argument(
+        "--spike-steps",
+        type=int,
+        metavar="N",
+        help=f"consecutive anomalous steps that make a spike (default {GuardOptions.patience})",
+    )
+    g.add_argument(
+        "--spike-lr-factor",
+        type=float,
+        metavar="F",
+        help=f"multiply the learning rate by F after each rollback (default {GuardOptions.lr_factor:g})",
+    )
+    g.add_argument(
+        "--max-rollbacks",
+        type=int,
+        metavar="N",
+        help=f"stop the run at the spike after N rollbacks (default {GuardOptions.max_rollbacks})",
+    )
+
+
+BATCHING_FLAGS = ("token_budget", "lr_scaling", "curriculum_steps", "curriculum_start")
+
+
+def _add_batching_arguments(parser: argparse.ArgumentParser) -> None:
+    """Dynamic batching and the sequence-length curriculum (toolkit.data.dynamic); the config's
+    data_efficiency.data_sampling.dynamic_batching block sets the same, and these flags override it."""
+    from toolkit.data.dynamic import DynamicOptions
+
+    defaults = {name: f.default for name, f in DynamicOptions.model_fields.items()}
+    g = parser.add_argument_group("dynamic batching")
+    g.add_argument(
+        "--token-budget",
+        type=int,
+        metavar="N",
+        help="micro-batches of as many sequences as fit N tokens padded (sequences × the longest), "
+        "bucketed by length; best with dstk data prepare --no-pack",
+    )
+    g.add_argument(
+        "--lr-scaling",
+        choices=("linear", "sqrt", "none"),
+        help="learning rate × (step tokens / config batch tokens) or its square root "
+        f"(default: {defaults['lr_scaling']})",
+    )
+    g.add_argument(
+        "--curriculum-steps",
+        type=int,
+        metavar="K",
+        help="sequence-length warmup: truncate sequences to a length growing linearly to the full one over K steps",
+    )
+    g.add_argument(
+        "--curriculum-start",
+        type=int,
+        metavar="L",
+        help=f"the curriculum's first length, rounded up to a multiple of 8 (default: {defaults['curriculum_start']})",
+    )
+
+
+def _batching_options(args: argparse.Namespace, config: dict) -> Any:
+    from toolkit.data.dynamic import dynamic_options
+    from toolkit.errors import UserError
+
+    given = {flag: getattr(args, flag) for flag in BATCHING_FLAGS if getattr(args, flag) is not None}
+    if args.curriculum_start is not None and not args.curriculum_steps:
+        raise UserError("--curriculum-start: only applies with --curriculum-steps K")
+    options = dynamic_options(config, given)
+    if options is None and args.lr_scaling is not None:
+        raise UserError("--lr-scaling: only applies with --token-budget or --curriculum-steps")
+    return options
+
+
+def _guard_options(args: argparse.Namespace) -> GuardOptions | None:
+    from toolkit.errors import UserError
+
+    given = {
+        field: getattr(args, flag) for flag, field in GUARD_FLAGS.items() if getattr(args, flag) is not None
+    }
+    if not args.spike_guard:
+        if given:
+            flag = next(f for f, field in GUARD_FLAGS.items() if field in given)
+            raise UserError(f"--{flag.replace('_', '-')}: only applies with --spike-guard")
+        return None
+    if args.checkpoint_dir is None:
+        raise UserError(
+            "--spike-guard: needs --checkpoint-dir (it rolls back to the last complete checkpoint)"
+        )
+    if not args.save_every:
+        raise UserError("--spike-guard: needs periodic checkpoints; give --save-every K > 0")
+    return GuardOptions(**given)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -85,6 +219,7 @@ def run(args: argparse.Namespace) -> int:
     from toolkit.commands import model_from_args
     from toolkit.errors import UserError
     from toolkit.load import load_cluster, read_mapping
+    from toolkit.stability import Fault
     from toolkit.train import TrainRun, main
     from toolkit.trainer import LoopOptions
 
@@ -101,10 +236,17 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--{flag.replace('_', '-')}: must not be negative")
     if args.init_from is not None and not args.init_from.is_dir():
         raise UserError(f"--init-from: {args.init_from} is not a directory")
+    if args.init_from is not None and (args.init_from / "config.json").is_file():
+        from toolkit.models import check_init_from
+
+        check_init_from(model, args.init_from)
     if args.data is not None and not args.data.is_dir():
         raise UserError(f"--data: {args.data} is not a directory")
     if args.resume not in ("auto", "never") and args.checkpoint_dir is None:
         raise UserError("--resume: needs --checkpoint-dir")
+    lora = _lora(args.lora, config)
+    guard = _guard_options(args)
+    faults = tuple(Fault.parse(f) for f in args.inject_fault or ())
     world = int(os.environ.get("WORLD_SIZE", "1"))
     cluster = None
     if args.cluster:
@@ -124,6 +266,9 @@ def run(args: argparse.Namespace) -> int:
         fault_after_first_shard_at=args.fault_after_save_shards,
         crash_at_step=args.crash_at_step,
         crash_rank=args.crash_rank,
+        guard=guard,
+        faults=faults,
+        batching=_batching_options(args, config),
     )
     main(
         TrainRun(
@@ -137,9 +282,40 @@ def run(args: argparse.Namespace) -> int:
             cluster=cluster,
             keep_last=args.keep_last,
             loop=loop,
+            lora=lora,
         )
     )
+    if "LOCAL_RANK" in os.environ:
+        _exit_without_teardown()
     return 0
+
+
+def _exit_without_teardown() -> None:
+    """End a launched rank with status 0 without running C++ static destructors. Even after
+    `destroy_process_group`, about 1 two-rank CPU/gloo run in 15 aborts at interpreter exit with "terminate
+    called without an active exception" (a joinable std::thread destroyed during teardown); the launcher then
+    kills the job and reports failure although every file is written. Everything is flushed first."""
+    import logging
+    import os
+    import sys
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _lora(flag: str | None, config: dict) -> str | None:
+    """The LoRA spec from --lora or from the plan in the config (`dstk config --lora`); they must agree."""
+    from toolkit.errors import UserError
+    from toolkit.lora import parse_lora
+
+    planned = ((config.get("dstk") or {}).get("layout") or {}).get("lora")
+    given = parse_lora(flag).text() if flag else None
+    planned = parse_lora(planned).text() if planned else None
+    if given and planned and given != planned:
+        raise UserError(f"--lora: {given} disagrees with the config's plan ({planned}); drop one")
+    return given or planned
 
 
 def _cpu_only() -> bool:

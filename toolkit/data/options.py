@@ -58,6 +58,9 @@ class PrepareOptions(BaseModel):
 
     model_config = _STRICT
 
+    packing: Literal["concat", "none"] = "concat"
+    """concat: documents joined into rows of exactly seq_length tokens; none (--no-pack): a row per document,
+    cut into pieces of seq_length when longer, for token-budget batching (dstk train --token-budget)."""
     boilerplate: tuple[str, ...] = DEFAULT_BOILERPLATE
     """Regexes (case-insensitive); lines matching one are removed."""
     languages: tuple[str, ...] | None = None

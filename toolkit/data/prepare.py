@@ -13,7 +13,8 @@ index and the per-document length, domain and split flag):
 6. split ~2 % to validation by a hash of the text, shuffle each split with the seed, and pack: documents
    joined by an end-of-text token, cut into rows of exactly `seq_length` tokens; the last row of each split
    is padded (its real length is kept in `n_tokens`, padding gets label -100), so every kept token is
-   trained on exactly once per epoch.
+   trained on exactly once per epoch. With `--no-pack`, a row per document instead (pieces of `seq_length`
+   when longer), for token-budget batching.
 
 The same inputs, options and seed give byte-identical Arrow files.
 """
@@ -268,16 +269,26 @@ def _run(
     kept.dropped["mixing"] = int((~selected).sum())
     chosen = {d: int(lengths[selected & (domain_ids == k)].sum()) for k, d in enumerate(names)}
 
-    documents, rows, tokens = {}, {}, {}
+    documents, rows, tokens, cut = {}, {}, {}, {}
     for split in SPLITS:
         idx = np.flatnonzero(selected & (validation == (split == "validation")))
         order = split_order(idx, seed, split)
         rows[split] = write_split(
-            store, order, out / split, work / f"{split}.arrow", seq_length, eos, pad, options.max_shard_mb
+            store,
+            order,
+            out / split,
+            work / f"{split}.arrow",
+            seq_length,
+            eos,
+            pad,
+            options.max_shard_mb,
+            options.packing,
         )
         documents[split], tokens[split] = len(idx), int(lengths[idx].sum())
+        cut[split] = int((lengths[idx] > seq_length).sum())
     manifest = {
         "seq_length": seq_length,
+        "packing": options.packing,
         "vocab_size": len(tok),
         "eos_token_id": eos,
         "pad_token_id": pad,
@@ -289,6 +300,7 @@ def _run(
         "documents": documents,
         "rows": rows,
         "tokens": tokens,
+        **({"documents_cut_into_pieces": cut} if options.packing == "none" else {}),
         "bad_input": {k: kept.bad_input.get(k, 0) for k in BAD_INPUT},
         "stages": _stages(kept),
         "dropped": _drops(kept),
