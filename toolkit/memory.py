@@ -130,7 +130,11 @@ def engine_states(
             host = (16 + b) * part + b * largest_param + (b * part if gas > 1 else 0)
             return EngineStates(b * flat, 0, 0, b * largest_param, host, 0, 0)
         held = grad_partition if grad_partition is not None else part
-        grads = b * psi if (stage == 1 and gas > 1) else b * held * (2 if stage == 2 and gas > 1 else 1)
+        # ZeRO-1 keeps whole gradients during accumulation. ZeRO-2 reduces every micro-step and copies its
+        # share into the one `grads_in_partition` buffer, which autograd then accumulates into in place
+        # (stage_1_and_2.py copy_grads_in_partition): one partition at any accumulation (measured at 4
+        # micro-steps, bf16: the engine's largest holding over the step equals the GA = 1 figure).
+        grads = b * psi if (stage == 1 and gas > 1) else b * held
         transient = 4 * part + (b * part if b == 2 else 0)
         return EngineStates(b * flat, 4 * part, 8 * part, grads, 0, 0, transient)
     shard = psi / n

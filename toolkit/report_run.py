@@ -25,6 +25,7 @@ def summarize(trainer: Any, run: Any, layout: Layout) -> dict[str, Any]:
         "step_times_s": meter.step_times,
         **meter.rates(step_s),
         "peak_memory_bytes": trainer.peak_memory(),
+        "peak_rss_bytes": trainer.peak_rss(),
         "param_norm": trainer.param_norm(),
         "params_on_rank": _params_on_rank(trainer),
         "aux_losses": trainer.record.aux_losses,

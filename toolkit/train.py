@@ -158,7 +158,7 @@ def main(run: TrainRun) -> dict[str, Any]:
     from toolkit.metrics import Logger
     from toolkit.models import build_model
     from toolkit.report_run import summarize
-    from toolkit.runtime import allow_heap_reuse, init_distributed, seed_everything, shutdown
+    from toolkit.runtime import init_distributed, seed_everything, shutdown
     from toolkit.trainer import Trainer
     from toolkit.universal import is_universal
 
@@ -198,7 +198,6 @@ def main(run: TrainRun) -> dict[str, Any]:
             optimizer=client_optimizer,
             config=config,
         )
-        allow_heap_reuse()  # the model is built and partitioned: from here on, reuse freed memory
         if client_optimizer is not None:
             from toolkit.onebit import attach_to_engine
 

@@ -23,7 +23,7 @@ from toolkit.engine_state import held_bytes
 from toolkit.errors import UserError
 from toolkit.layout import Layout
 from toolkit.metrics import Logger, Meter, current_rss_bytes, peak_memory_bytes
-from toolkit.runtime import Runtime, rng_state, set_rng_state
+from toolkit.runtime import Runtime, allow_heap_reuse, rng_state, set_rng_state
 from toolkit.specs import ModelSpec
 from toolkit.stability import (
     CLEAR,
@@ -88,6 +88,11 @@ def _means_over_ranks(values: list[float], rt: Runtime) -> list[float]:
 
 def _mean_over_ranks(value: float, rt: Runtime) -> float:
     return _means_over_ranks([value], rt)[0]
+
+
+LEAN_STEPS = 2
+"""Steps run with large tensors mmapped (RSS = live memory) before heap reuse is allowed; also the steps the
+step-time median leaves out (the first pays JIT and lazy optimizer-state creation, both pay page faults)."""
 
 
 def _gather(value: Any) -> list[Any]:
@@ -162,7 +167,11 @@ class Trainer:
         self._grad_norm: float | None = None
         self.record = Record()
         tokens = layout.global_batch_size * self.train_data.seq_length
-        self.meter = Meter(model, rt.world_size, tokens, peak_flops)
+        self.meter = Meter(model, rt.world_size, tokens, peak_flops, warmup=LEAN_STEPS)
+        self._steps_here = 0
+        """Optimizer steps this process has run (resumed runs start counting again)."""
+        self._lean_peak: int | None = None
+        """Peak memory of this rank over set-up and the first LEAN_STEPS steps (see `_after_step`)."""
 
     def resume(self, tag: str) -> None:
         client_state = self._load(tag)
@@ -326,6 +335,7 @@ class Trainer:
         self.meter.stop()
         if first:
             self.record.model_states["after_step"] = _gather(held_bytes(self.engine)["model_states"])
+        self._after_step()
         if self.guard is not None:
             self.guard.apply_lr(self.engine)  # the scheduler has just set the next step's rate
         norm = engine_grad_norm(self.engine)
@@ -462,5 +472,24 @@ class Trainer:
         with deepspeed.zero.GatheredParameters(params, enabled=self.layout.zero_stage == 3):
             return float(torch.sqrt(sum(p.detach().double().pow(2).sum() for p in params)))
 
+    def _after_step(self) -> None:
+        """After this process's first LEAN_STEPS steps: note the peak memory, then let glibc reuse freed heap.
+
+        Until then the process runs with the 128 KiB mmap threshold `keep_large_blocks_in_mmap` set, so on
+        the CPU accelerator every large tensor is its own mapping and RSS is what is alive — the analogue of
+        CUDA's `max_memory_allocated`, which is what the cost model predicts. Afterwards `allow_heap_reuse`
+        keeps freed buffers in the heap: 22 % faster steps on CPU (63M GPT-2: 3.50 → 2.73 s), but RSS then
+        also holds free heap the allocator keeps (measured up to +0.6 GiB at ZeRO-1/2 on that model), as
+        CUDA's caching allocator holds reserved memory. `summary.json` reports both."""
+        self._steps_here += 1
+        if self._steps_here == LEAN_STEPS:
+            self._lean_peak = peak_memory_bytes(self.rt.accelerator)
+            allow_heap_reuse()
+
     def peak_memory(self) -> list[int]:
-        return _gather(peak_memory_bytes(self.rt.accelerator))
+        """Per rank: peak allocated on an accelerator; on CPU the peak RSS up to the allocator switch."""
+        return _gather(self._lean_peak or peak_memory_bytes(self.rt.accelerator))
+
+    def peak_rss(self) -> list[int] | None:
+        """Per rank on CPU: peak RSS over the whole run, free heap the allocator kept included."""
+        return _gather(peak_memory_bytes("cpu")) if self.rt.accelerator == "cpu" else None
