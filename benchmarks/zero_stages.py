@@ -288,7 +288,7 @@ def write_outputs(
     lines = [
         f"# ZeRO stages, measured vs predicted ({model['name']}, 2 ranks)",
         "",
-        f"Command: `python benchmarks/zero_stages.py {' '.join(sys.argv[1:])}`".replace(" `", "`"),
+        f"Command: `{' '.join(['python benchmarks/zero_stages.py', *sys.argv[1:]])}`",
         "",
         "| stage | offload | micro | step s | pred | ×  | tokens/s | states MB | pred | × | peak GiB | pred | × |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
