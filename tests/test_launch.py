@@ -119,3 +119,20 @@ def test_launch_needs_config_for_dstk_train(tmp_path) -> None:
 
 def test_shell_wrapper_parses() -> None:
     subprocess.run(["bash", "-n", str(REPO / "launch" / "train.sh")], check=True)
+
+
+def test_stale_jit_build_locks_are_reported_not_fresh_ones(tmp_path) -> None:
+    """A killed JIT build leaves `<op>/lock`; later jobs wait on it for ever. Only old locks are reported."""
+    import os
+    import time
+
+    from toolkit.commands.launch import stale_build_locks
+
+    old = tmp_path / "cpu_adam" / "lock"
+    fresh = tmp_path / "py311_cpu" / "shm_comm" / "lock"
+    for path in (old, fresh):
+        path.parent.mkdir(parents=True)
+        path.touch()
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    assert stale_build_locks({"TORCH_EXTENSIONS_DIR": str(tmp_path)}) == [old]
+    assert stale_build_locks({"TORCH_EXTENSIONS_DIR": str(tmp_path)}, min_age_s=0) == sorted([old, fresh])

@@ -103,6 +103,26 @@ def remove_shm_buffers(port: int) -> int:
     return removed
 
 
+def stale_build_locks(env: dict[str, str], min_age_s: float = 600.0) -> list[Path]:
+    """JIT-build lock files of DeepSpeed ops older than `min_age_s`, under TORCH_EXTENSIONS_DIR (or torch's
+    default ~/.cache/torch_extensions).
+
+    torch's `FileBaton` makes every process that needs an op wait for its `lock` file to disappear. A build
+    that was killed (Ctrl-C, a timeout) leaves the file behind, and every later job that needs the op hangs
+    with idle ranks and no message (seen with `cpu_adam` for ZeRO-Offload). No op builds for ten minutes, so
+    an older lock is almost surely stale; it is reported, not deleted, since a build may still be running."""
+    root = env.get("TORCH_EXTENSIONS_DIR")
+    roots = [Path(root)] if root else [Path.home() / ".cache" / "torch_extensions"]
+    now = time.time()
+    found = []
+    for base in roots:
+        for lock in (*base.glob("*/lock"), *base.glob("*/*/lock")):
+            with contextlib.suppress(OSError):
+                if now - lock.stat().st_mtime >= min_age_s:
+                    found.append(lock)
+    return sorted(found)
+
+
 def run(args: argparse.Namespace) -> int:
     import yaml
 
@@ -133,6 +153,13 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     env = {**os.environ, **launch.env}
+    for lock in stale_build_locks(env):
+        print(
+            f"dstk launch: warning: {lock} is a stale JIT build lock (a killed build); ranks that need this op "
+            f"will wait for ever: delete {lock.parent} and it is rebuilt",
+            file=sys.stderr,
+            flush=True,
+        )
     if cluster.accelerator == "cpu" and "OMP_NUM_THREADS" not in env:
         # each rank would otherwise start one OpenMP thread per core: N ranks oversubscribe the cores N times
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cluster.gpus_per_node))
