@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import datetime as dt
 import json
 import os
@@ -39,16 +40,62 @@ def stamp() -> dict[str, Any]:
     from toolkit.commands.env import collect
 
     return {
-        "command": " ".join(shlex.quote(a) for a in [Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+        "command": stamp_command(),
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "env": collect(),
     }
 
 
 def write_json(bench: str, data: dict[str, Any]) -> Path:
-    path = result_path(bench, "json")
+    return write_record(result_path(bench, "json"), data)
+
+
+def write_record(path: Path, data: dict[str, Any]) -> Path:
+    """`data` as JSON at `path`, with the command and environment that made it (`stamp`)."""
     path.write_text(json.dumps({**stamp(), **data}, indent=2, sort_keys=True) + "\n")
     return path
+
+
+def command_line() -> str:
+    """This benchmark's command line as a user would type it, for the Markdown results."""
+    return f"python {stamp_command()}"
+
+
+def stamp_command() -> str:
+    """The script and its arguments, shell-quoted (the `command` every result records)."""
+    return " ".join(shlex.quote(a) for a in [Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
+
+
+def output_paths(tag: str, out_dir: Path | None) -> dict[str, Path]:
+    """Where a run's csv/md/png/json go: `--out-dir` with plain names (tests), else benchmarks/results with
+    `<tag>_<hardware>_<date>` names."""
+    if out_dir:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return {k: out_dir / f"{tag}.{k}" for k in ("csv", "md", "png", "json")}
+    return {k: result_path(tag, k) for k in ("csv", "md", "png", "json")}
+
+
+def write_csv(
+    path: Path, rows: list[dict[str, Any]], columns: list[str], extrasaction: str = "raise"
+) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction=extrasaction)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+# the `--quick` model of the run benchmarks: a 2-block hidden-128 GPT-2, for CI smoke runs
+TINY_GPT2: dict[str, Any] = {
+    "name": "gpt2-tiny",
+    "architecture": "gpt2",
+    "n_layers": 2,
+    "hidden_size": 128,
+    "n_heads": 4,
+    "vocab_size": 1024,
+    "seq_length": 64,
+    "max_position_embeddings": 64,
+    "dropout": False,
+}
 
 
 # ---- running dstk as a user would (the benchmarks drive the CLI, not its internals) ----------------------

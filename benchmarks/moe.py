@@ -25,15 +25,23 @@ Usage: python benchmarks/moe.py [--quick] [--cluster C] [--steps N] [--micro-bat
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import bench_env, cluster_for, prepare_data, result_path, stamp, train, write_json
+from benchmarks.common import (
+    TINY_GPT2,
+    bench_env,
+    cluster_for,
+    command_line,
+    output_paths,
+    prepare_data,
+    train,
+    write_csv,
+    write_record,
+)
 
 FULL_MODEL = {
     "name": "gpt2-12m",
@@ -46,17 +54,7 @@ FULL_MODEL = {
     "max_position_embeddings": 128,
     "dropout": False,
 }
-QUICK_MODEL = {
-    "name": "gpt2-tiny",
-    "architecture": "gpt2",
-    "n_layers": 2,
-    "hidden_size": 128,
-    "n_heads": 4,
-    "vocab_size": 1024,
-    "seq_length": 64,
-    "max_position_embeddings": 64,
-    "dropout": False,
-}
+QUICK_MODEL = TINY_GPT2
 EXPERTS = {"num_experts": 4, "moe_top_k": 1, "moe_capacity_factor": 1.0}
 COLUMNS = [
     "run",
@@ -211,15 +209,8 @@ def write_outputs(
 ) -> None:
     tag = "moe_quick" if args.quick else "moe"
     out_dir = args.out_dir
-    paths = {
-        k: (out_dir / f"{tag}.{k}" if out_dir else result_path(tag, k)) for k in ("csv", "md", "png", "json")
-    }
-    if out_dir:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    with paths["csv"].open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
+    paths = output_paths(tag, out_dir)
+    write_csv(paths["csv"], rows, COLUMNS, extrasaction="ignore")
     dense = rows[0]
     moe = next(r for r in rows if r["run"] == "moe-ep2")
     comparison = {
@@ -239,14 +230,11 @@ def write_outputs(
         "experts": EXPERTS,
     }
     record |= {"cluster": cluster, "cluster_resolved": cluster_text}
-    if out_dir:
-        paths["json"].write_text(json.dumps({**stamp(), **record}, indent=2, sort_keys=True) + "\n")
-    else:
-        write_json(tag, record)
+    write_record(paths["json"], record)
     lines = [
         f"# Dense vs MoE at equal active parameters ({model['name']}, 2 ranks)",
         "",
-        f"Command: `python benchmarks/moe.py{' --quick' if args.quick else ''}` — GPT-2 with "
+        f"Command: `{command_line()}` — GPT-2 with "
         f"{model['n_layers']} blocks, hidden {model['hidden_size']}, seq {model['seq_length']}, vocabulary "
         f"{model['vocab_size']}; MoE: every MLP → {EXPERTS['num_experts']} experts, top-{EXPERTS['moe_top_k']}, "
         f"capacity factor {EXPERTS['moe_capacity_factor']}; ZeRO-1, bf16, micro-batch {args.micro_batch}, "

@@ -27,15 +27,23 @@ Usage: python benchmarks/pipeline.py [--quick] [--cluster C] [--m 1,2,4,8] [--mi
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import bench_env, cluster_for, prepare_data, result_path, stamp, train, write_json
+from benchmarks.common import (
+    TINY_GPT2,
+    bench_env,
+    cluster_for,
+    command_line,
+    output_paths,
+    prepare_data,
+    train,
+    write_csv,
+    write_record,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = 2
@@ -50,17 +58,7 @@ FULL_MODEL = {
     "max_position_embeddings": 256,
     "dropout": False,
 }
-QUICK_MODEL = {
-    "name": "gpt2-tiny-pp",
-    "architecture": "gpt2",
-    "n_layers": 4,
-    "hidden_size": 128,
-    "n_heads": 4,
-    "vocab_size": 1024,
-    "seq_length": 64,
-    "max_position_embeddings": 64,
-    "dropout": False,
-}
+QUICK_MODEL = {**TINY_GPT2, "name": "gpt2-tiny-pp", "n_layers": 4}
 COLUMNS = [
     "m",
     "micro_batch",
@@ -233,15 +231,8 @@ def write_outputs(
 ) -> None:
     tag = "pipeline_quick" if args.quick else "pipeline"
     out_dir = args.out_dir
-    paths = {
-        k: (out_dir / f"{tag}.{k}" if out_dir else result_path(tag, k)) for k in ("csv", "md", "png", "json")
-    }
-    if out_dir:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    with paths["csv"].open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
+    paths = output_paths(tag, out_dir)
+    write_csv(paths["csv"], rows, COLUMNS, extrasaction="ignore")
     record = {
         "rows": rows,
         "fit": fit,
@@ -251,15 +242,12 @@ def write_outputs(
         "cluster": cluster,
         "cluster_resolved": cluster_text,
     }
-    if out_dir:
-        paths["json"].write_text(json.dumps({**stamp(), **record}, indent=2, sort_keys=True) + "\n")
-    else:
-        write_json(tag, record)
+    write_record(paths["json"], record)
     gib = 2**30
     lines = [
         f"# Pipeline bubble on {STAGES} stages, measured vs predicted ({model['name']})",
         "",
-        f"Command: `python benchmarks/pipeline.py{' --quick' if args.quick else ''}` — GPT-2 with "
+        f"Command: `{command_line()}` — GPT-2 with "
         f"{model['n_layers']} blocks, hidden {model['hidden_size']}, {model['n_heads']} heads, seq "
         f"{model['seq_length']}, vocabulary {model['vocab_size']}; pp = {STAGES} on 2 ranks, ZeRO-0, bf16, "
         f"micro-batch {args.micro_batch}, {args.steps} steps per run (median of steps 2..{args.steps}); "

@@ -18,7 +18,6 @@ CPU accelerator (it runs N independent jobs or drops DeepSpeed; ../shared/RECIPE
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 import tempfile
@@ -27,14 +26,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import (
+    TINY_GPT2,
     bench_env,
     cluster_for,
+    command_line,
     dstk,
+    output_paths,
     prepare_data,
-    result_path,
-    stamp,
     train,
-    write_json,
+    write_csv,
+    write_record,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,17 +50,7 @@ FULL_MODEL = {
     "max_position_embeddings": 256,
     "dropout": False,
 }
-QUICK_MODEL = {
-    "name": "gpt2-tiny",
-    "architecture": "gpt2",
-    "n_layers": 2,
-    "hidden_size": 128,
-    "n_heads": 4,
-    "vocab_size": 1024,
-    "seq_length": 64,
-    "max_position_embeddings": 64,
-    "dropout": False,
-}
+QUICK_MODEL = TINY_GPT2
 COLUMNS = [
     "stage",
     "offload",
@@ -261,15 +252,8 @@ def write_outputs(
 ) -> None:
     tag = "zero_stages_quick" if args.quick else "zero_stages"
     out_dir = args.out_dir
-    paths = {
-        k: (out_dir / f"{tag}.{k}" if out_dir else result_path(tag, k)) for k in ("csv", "md", "png", "json")
-    }
-    if out_dir:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    with paths["csv"].open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    paths = output_paths(tag, out_dir)
+    write_csv(paths["csv"], rows, COLUMNS)
     worst_time = max(rows, key=lambda r: max(r["step_time_ratio"], 1 / r["step_time_ratio"]))
     worst_mem = max(rows, key=lambda r: abs(r["memory_ratio"] - 1))
     record = {
@@ -281,14 +265,11 @@ def write_outputs(
         "worst_step_time_ratio": worst_time["step_time_ratio"],
         "worst_memory_ratio": worst_mem["memory_ratio"],
     }
-    if out_dir:
-        paths["json"].write_text(json.dumps({**stamp(), **record}, indent=2, sort_keys=True) + "\n")
-    else:
-        write_json(tag, record)
+    write_record(paths["json"], record)
     lines = [
         f"# ZeRO stages, measured vs predicted ({model['name']}, 2 ranks)",
         "",
-        f"Command: `{' '.join(['python benchmarks/zero_stages.py', *sys.argv[1:]])}`",
+        f"Command: `{command_line()}`",
         "",
         "| stage | offload | micro | step s | pred | ×  | tokens/s | states MB | pred | × | peak GiB | pred | × |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
