@@ -479,8 +479,8 @@ class Trainer:
         the CPU accelerator every large tensor is its own mapping and RSS is what is alive — the analogue of
         CUDA's `max_memory_allocated`, which is what the cost model predicts. Afterwards `allow_heap_reuse`
         keeps freed buffers in the heap: 22 % faster steps on CPU (63M GPT-2: 3.50 → 2.73 s), but RSS then
-        also holds free heap the allocator keeps (measured up to +0.6 GiB at ZeRO-1/2 on that model), as
-        CUDA's caching allocator holds reserved memory. `summary.json` reports both."""
+        also holds free heap the allocator keeps (0.5–1.1 GiB above the prediction at ZeRO-1/2/3 on that
+        model when the switch came first), as CUDA's caching allocator holds reserved memory. `summary.json` reports both."""
         self._steps_here += 1
         if self._steps_here == LEAN_STEPS:
             self._lean_peak = peak_memory_bytes(self.rt.accelerator)
