@@ -252,3 +252,31 @@ def test_small_model_zero3_needs_more_than_zero0_with_deepspeed_default_buckets(
     assert z3.buffers > z0.engine.device_bytes - z3.engine.device_bytes  # buffers outweigh the saving
     dstk_sized = estimate(model, cluster, lay3).memory
     assert dstk_sized.buffers < z3.buffers / 2
+
+
+def test_deepspeed_zero1_and_2_all_reduce_whole_buckets_then_gather() -> None:
+    """DeepSpeed 0.19.8's ZeRO-1/2 all-reduce every gradient bucket whole (`use_multi_rank_bucket_allreduce`,
+    its default) and then all-gather the updated parameters: where nothing overlaps (the CPU accelerator)
+    they expose ZeRO-0's all-reduce plus an all-gather — 1.5× ZeRO-0's bytes, as its comms logger counts."""
+    from toolkit import comm
+
+    model = load_model("gpt2")
+    cluster = load_cluster("cpu", {"collective_latency_us": 0})
+    z0 = _est(model, cluster, zero_stage=0, micro_batch_size=8, global_batch_size=16)
+    z1 = _est(model, cluster, zero_stage=1, micro_batch_size=8, global_batch_size=16)
+    gather = comm.all_gather_s(2 * model.n_params(), comm.Group(size=2, per_node=2), cluster)
+    extra = z1.time.data_parallel_comm_s - z0.time.data_parallel_comm_s
+    assert gather <= extra < 1.05 * gather  # the rest: one bucket that cannot overlap
+
+
+def test_calibrated_optimizer_cost_prices_each_zero_path() -> None:
+    """`optimizer_ns_per_param` (measured by `dstk calibrate` on the CPU accelerator) replaces the analytic
+    bytes-per-parameter price: ZeRO-0 pays the replicated path on every parameter, ZeRO-1 the partitioned
+    path on its 1/N shard."""
+    model = load_model("gpt2")
+    measured = {"optimizer_ns_per_param": {"replicated": 5.0, "partitioned": 20.0}, "step_overhead_ms": 0}
+    cluster = load_cluster("cpu", measured)
+    z0 = _est(model, cluster, zero_stage=0, micro_batch_size=8, global_batch_size=16)
+    z1 = _est(model, cluster, zero_stage=1, micro_batch_size=8, global_batch_size=16)
+    assert z0.time.optimizer_s == pytest.approx(model.n_params() * 5e-9, rel=1e-6)
+    assert z1.time.optimizer_s == pytest.approx(model.n_params() / 2 * 20e-9, rel=1e-6)

@@ -4,7 +4,8 @@ Every rank of a local N-rank job (gloo on CPU, NCCL on CUDA, through torch.multi
 same time, so shared resources are measured as training shares them (on this 2-core machine each rank has
 one core): dense matmul throughput at bf16 and fp32 for large GEMMs (the peak) and for training-sized ones
 (the efficiency), memory bandwidth (copy), the host cost of one eager op, the bus bandwidth and latency of
-all-reduce / all-gather / reduce-scatter / all-to-all between the ranks (alpha-beta fit over message sizes),
+all-reduce / all-gather / reduce-scatter / all-to-all between the ranks (alpha-beta fit over message sizes,
+in bf16, the dtype training communicates), DeepSpeed's optimizer step per parameter on the CPU accelerator,
 host↔device copy bandwidth, optional NVMe write/read bandwidth, and the memory a rank holds once torch,
 DeepSpeed and transformers are imported and the process group is up.
 """
@@ -115,31 +116,35 @@ def _op_overhead_us(device: Any, sync: Any) -> float:
 def _collectives(device: Any, sync: Any, world: int) -> dict[str, dict[str, float]]:
     """Bus bandwidth (GB/s) and latency (µs) per collective (nccl-tests' bus-bandwidth convention): the
     bandwidth from the two largest messages (the slope), the latency from the smallest (its time less its
-    bytes at that bandwidth), each time the median of several calls."""
+    bytes at that bandwidth), each time the median of several calls.
+
+    Measured in bf16, the dtype the gradients and parameters of a dstk run travel in: gloo sums bf16 in
+    scalar code at about half its fp32 byte rate (all-reduce of 126 MB on the 2-core machine: 0.83 GB/s in
+    bf16, 1.59 in fp32), while NCCL's rate does not depend on the dtype."""
     import torch
     import torch.distributed as dist
 
-    sizes = (1 << 8, 1 << 22, 1 << 24)  # elements (fp32): 1 KB, 16 MB, 64 MB
+    dtype = torch.bfloat16
+    sizes = (1 << 9, 1 << 23, 1 << 25)  # elements (bf16): 1 KB, 16 MB, 64 MB
     out = {}
-    for name in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "reduce"):
+    for name in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
         times = []
         for numel in sizes:
-            x = torch.ones(numel, device=device)
-            y = torch.empty(numel, device=device)
-            gathered = torch.empty(numel * world, device=device)
+            x = torch.ones(numel, device=device, dtype=dtype)
+            y = torch.empty(numel, device=device, dtype=dtype)
+            gathered = torch.empty(numel * world, device=device, dtype=dtype)
             part = y[: numel // world]
             ops = {
                 "all_reduce": lambda x=x: dist.all_reduce(x),
                 "all_gather": lambda x=x, g=gathered: dist.all_gather_into_tensor(g, x),
                 "reduce_scatter": lambda x=x, p=part: dist.reduce_scatter_tensor(p, x),
                 "all_to_all": lambda x=x, y=y: dist.all_to_all_single(y, x),
-                "reduce": lambda x=x: dist.reduce(x, dst=0),
             }
             dist.barrier()
             times.append(_timeit(ops[name], 7 if numel > 4096 else 30, sync))
-        # nccl-tests' bus-bandwidth factors: 2(n-1)/n all-reduce, 1 reduce, (n-1)/n the rings
-        factor = {"all_reduce": 2 * (world - 1) / world, "reduce": 1.0}.get(name, (world - 1) / world)
-        bus = [n * 4 * (world if name == "all_gather" else 1) * factor for n in sizes]
+        # nccl-tests' bus-bandwidth factors: 2(n-1)/n all-reduce, (n-1)/n the rings
+        factor = 2 * (world - 1) / world if name == "all_reduce" else (world - 1) / world
+        bus = [n * x.element_size() * (world if name == "all_gather" else 1) * factor for n in sizes]
         busbw = (bus[2] - bus[1]) / max(times[2] - times[1], 1e-9)
         latency = max(times[0] - bus[0] / busbw, 0.0)
         out[name] = {"bus_gb_per_s": busbw / 1e9, "latency_us": latency * 1e6}
@@ -193,6 +198,71 @@ def _engine_probe(device: Any, steps: int = 12) -> dict[str, float]:
         "step_s": max(times[1] - block, 0.0),
         "rss_gib": _rss_gib(),
     }
+
+
+OPTIMIZER_PROBE = {"n_layer": 4, "n_embd": 768, "n_head": 12, "vocab_size": 8192, "n_positions": 64}
+"""A 35M-parameter GPT-2 (GPT-2 small's width, 4 blocks): the many tensors of a real model, each under
+glibc's 32 MiB mmap ceiling in fp32, while a ZeRO-1 partition of them (69 MB on 2 ranks) is above it, as
+any real model's is — the two regimes the two code paths run in."""
+
+
+def _optimizer_probe(device: Any, world: int, steps: int = 4) -> dict[str, float]:
+    """Nanoseconds per updated parameter of `engine.step()` less its all-gather, at ZeRO-0 (`replicated`)
+    and ZeRO-1 (`partitioned`), in a dstk config's shape (bf16, clipping, torch AdamW), after
+    `allow_heap_reuse` as `dstk train` runs it. The median of `steps` steps after the first (which creates
+    the optimizer state); ZeRO-1's all-gather of the updated partitions (one bf16 call over the model,
+    `all_gather_dp_groups`) is timed alone and taken off, the cost model prices it as communication."""
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from toolkit.runtime import allow_heap_reuse
+
+    allow_heap_reuse()
+    width = OPTIMIZER_PROBE["n_embd"]
+    out = {}
+    for stage, path in ((0, "replicated"), (1, "partitioned")):
+        model = GPT2LMHeadModel(GPT2Config(**OPTIMIZER_PROBE))
+        n_params = sum(p.numel() for p in model.parameters())
+        cfg = {
+            "train_micro_batch_size_per_gpu": 1,
+            "gradient_accumulation_steps": 1,
+            "gradient_clipping": 1.0,
+            "bf16": {"enabled": True},
+            "zero_optimization": {
+                "stage": stage,
+                "reduce_bucket_size": width * width,
+                "allgather_bucket_size": width * width,
+                "overlap_comm": True,
+            },
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
+            "steps_per_print": 10**9,
+        }
+        engine, *_ = deepspeed.initialize(
+            model=model.to(device), model_parameters=model.parameters(), config=cfg
+        )
+        x = torch.randint(
+            0, OPTIMIZER_PROBE["vocab_size"], (1, OPTIMIZER_PROBE["n_positions"]), device=device
+        )
+        sync = deepspeed.get_accelerator().synchronize
+        times = []
+        for _ in range(steps + 1):
+            engine.backward(engine(input_ids=x, labels=x).loss)
+            sync()
+            t = time.perf_counter()
+            engine.step()
+            sync()
+            times.append(time.perf_counter() - t)
+        gather = 0.0
+        if stage:
+            full = torch.empty(n_params - n_params % world, device=device, dtype=torch.bfloat16)
+            part = full[: full.numel() // world].clone()
+            gather = _timeit(lambda f=full, p=part: dist.all_gather_into_tensor(f, p), steps, sync)
+        shard = n_params / (world if stage else 1)
+        out[path] = max(statistics.median(times[1:]) - gather, 0.0) / shard * 1e9
+        del engine, model
+    return out
 
 
 def _rss_gib() -> float:
@@ -267,6 +337,9 @@ def _worker(rank: int, world: int, port: int, nvme: str | None, queue: Any) -> N
     result["op_us"] = _op_overhead_us(device, sync)
     dist.barrier()
     result["collectives"] = _collectives(device, sync, world) if world > 1 else {}
+    if accel.device_name() == "cpu":
+        # on GPUs the step is HBM-bound kernels, which the analytic model prices; on the CPU it is not
+        result["optimizer_ns_per_param"] = _optimizer_probe(device, world)
     if accel.device_name() != "cpu":
         host = torch.empty(1 << 26, dtype=torch.uint8).pin_memory()
         dev = torch.empty_like(host, device=device)
@@ -373,6 +446,11 @@ def cluster_description(results: list[dict[str, Any]], name: str) -> dict[str, A
         "framework_overhead_gib": round(max(r["engine"]["rss_gib"] for r in results), 3),
         "step_overhead_ms": round(max(r["engine"]["step_s"] for r in results) * 1e3, 2),
     }
+    if results[0].get("optimizer_ns_per_param"):
+        desc["optimizer_ns_per_param"] = {
+            path: round(max(r["optimizer_ns_per_param"][path] for r in results), 2)
+            for path in results[0]["optimizer_ns_per_param"]
+        }
     if results[0].get("nvme_gb_per_s"):
         desc["nvme_gb_per_s"] = round(results[0]["nvme_gb_per_s"], 2)
     return desc

@@ -97,16 +97,6 @@ def all_reduce_s(nbytes: float, g: Group, cluster: ClusterSpec, calls: float = 1
     return bandwidth + tree_latency_s(g, cluster, calls)
 
 
-def reduce_to_owners_s(nbytes: float, g: Group, cluster: ClusterSpec, calls: float = 1) -> float:
-    """What DeepSpeed ZeRO-1/2 does instead of a reduce-scatter (`average_tensor` → `allreduce_no_retain`):
-    one `reduce` of each bucket's slice to the rank that owns it. A reduce moves its size at the reduce bus
-    bandwidth (nccl-tests: busBw = algBw), so the slices move `nbytes` in all; a bucket reduces once per
-    partition it overlaps, `calls` buckets over n partitions about `calls + n` reduces."""
-    if g.size <= 1 or nbytes <= 0:
-        return 0.0
-    return nbytes / bandwidth_bytes_per_s(g, cluster, "reduce") + tree_latency_s(g, cluster, calls + g.size)
-
-
 def all_gather_s(nbytes: float, g: Group, cluster: ClusterSpec, calls: float = 1) -> float:
     """All-gather whose gathered result is `nbytes`, in `calls` buckets (rings)."""
     return _ring_s("all_gather", nbytes, g, cluster, calls)

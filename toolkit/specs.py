@@ -280,6 +280,13 @@ class ClusterSpec(BaseModel):
     """Host time the training engine spends per optimizer step beyond the arithmetic (bookkeeping, clipping,
     scheduler, loss reduction), not hidden behind accelerator work. `dstk calibrate` measures it from a model
     too small to compute anything; on GPUs it overlaps the kernels of the step, hence 0 in their presets."""
+    optimizer_ns_per_param: dict[Literal["replicated", "partitioned"], float] | None = None
+    """Measured cost of DeepSpeed's 16-bit optimizer step (norm, clipping, AdamW, 16-bit copy; not its
+    all-gather) per parameter a rank updates, by code path: `replicated` is ZeRO-0's per-tensor step,
+    `partitioned` ZeRO-1/2/3's step over one flat fp32 partition that is flattened and cast afresh every
+    step. `dstk calibrate` measures both on the CPU accelerator, where they differ ~3× (the partition's
+    temporaries exceed glibc's 32 MiB mmap ceiling and are page-faulted in anew each step, and its extra
+    passes are memory-bound on the same cores). Unset: the analytic bytes-per-parameter model."""
     storage_gb_per_s: float = Field(default=5, gt=0)
     """Checkpoint write bandwidth per node to the shared filesystem, GB/s."""
     node_mtbf_hours: float = Field(default=6300, gt=0)

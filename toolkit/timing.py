@@ -8,10 +8,13 @@ m + p - 1 such slots per step, the p - 1 extra being the bubble.
 
 Data-parallel traffic per ZeRO stage, as DeepSpeed schedules it (Rajbhandari et al. 2020, §7):
 - stage 0: one all-reduce of the gradients at the accumulation boundary, after backward (not overlapped);
-- stage 1: a reduce-scatter at the boundary (DeepSpeed runs it as one `reduce` per owner), overlapped with
-  the last backward, then an all-gather of the updated parameters after the step;
-- stage 2: the same reduce in every micro-batch (gradients are partitioned as they are produced), overlapped
-  with its backward, plus the same all-gather;
+- stage 1: a reduce-scatter in the paper, overlapped with the last backward, then an all-gather of the
+  updated parameters after the step. DeepSpeed 0.19.8 does not reduce-scatter: `average_tensor` (zero/
+  stage_1_and_2.py), with `use_multi_rank_bucket_allreduce` at its default (True), all-reduces each whole
+  bucket and every rank keeps its own slice — 2(n-1)/n·Ψ bytes, so ZeRO-1/2 move 1.5× ZeRO-0's volume
+  (DeepSpeed's comms logger on benchmarks/zero_stages.py: 211 MB vs 147 MB per step);
+- stage 2: the same bucket all-reduces in every micro-batch (gradients are partitioned as they are
+  produced), overlapped with its backward, plus the same all-gather;
 - stage 3: per micro-batch an all-gather of parameters for forward and one for backward, prefetched behind
   compute, and a reduce-scatter of gradients behind backward (3Ψ per micro-batch instead of 2Ψ per step).
 Only what does not fit in the compute it overlaps with, plus one bucket that cannot overlap, is exposed.
@@ -137,7 +140,7 @@ def _dp_exposed_s(
             continue
         buckets = max(1.0, params / knobs.reduce_bucket_size)
         if layout.zero_stage in (1, 2):
-            reduce_one = comm.reduce_to_owners_s(params * grad_e, grp, cluster, calls=buckets)
+            reduce_one = comm.all_reduce_s(params * grad_e, grp, cluster, calls=buckets)
         else:
             reduce_one = comm.reduce_scatter_s(params * grad_e, grp, cluster, calls=buckets)
         gathers = _gather_calls(model, load, params, knobs)
@@ -185,6 +188,10 @@ def _optimizer_s(cluster: ClusterSpec, layout: Layout, load: StageLoad) -> tuple
     grad_e = 4 if layout.precision == "fp32" else 2
     param_e = grad_e
     if layout.offload_optimizer == "none":
+        path = "partitioned" if layout.zero_stage else "replicated"
+        measured = (cluster.optimizer_ns_per_param or {}).get(path)
+        if measured is not None and layout.optimizer == "adamw" and layout.precision != "fp32":
+            return shard * measured * 1e-9, 0.0
         return shard * per_param / (cluster.gpu_memory_gb_per_s * 1e9), 0.0
     # CPU Adam: all ranks of a node share its DRAM bandwidth (ZeRO-Offload, Ren et al. 2021, §4.2)
     cpu_step = cluster.gpus_per_node * shard * per_param / (cluster.cpu_memory_gb_per_s * 1e9)

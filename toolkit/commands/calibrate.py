@@ -41,9 +41,11 @@ def run(args: argparse.Namespace) -> int:
         "# gpu_peak_tflops: large bf16 GEMMs per rank; gpu_matmul_efficiency: training-sized Linear forward +\n"
         "# backward over that; attention_efficiency: causal SDPA forward + backward over it;\n"
         "# gpu_memory_gb_per_s: bf16 elementwise kernels; cpu_memory_gb_per_s: copies, all ranks together;\n"
-        "# collective_bus_gb_per_s / collective_latency_us: alpha-beta fits of each collective (bus bandwidth\n"
-        "# as nccl-tests defines it), intra_node_gb_per_s the all-reduce's; kernel_launch_us: one GPT-2 block's\n"
-        "# host cost per micro-batch over its kernels; step_overhead_ms: the engine's fixed cost per step;\n"
+        "# collective_bus_gb_per_s / collective_latency_us: alpha-beta fits of each collective in bf16 (bus\n"
+        "# bandwidth as nccl-tests defines it), intra_node_gb_per_s the all-reduce's; kernel_launch_us: one\n"
+        "# GPT-2 block's host cost per micro-batch over its kernels; step_overhead_ms: the engine's fixed cost\n"
+        "# per step; optimizer_ns_per_param (CPU): DeepSpeed's optimizer step per updated parameter, ZeRO-0\n"
+        "# (replicated) and ZeRO-1/2/3 (partitioned);\n"
         "# framework_overhead_gib: RSS after imports, process-group set-up and a tiny model's training steps.\n"
     )
     args.output.parent.mkdir(parents=True, exist_ok=True)
