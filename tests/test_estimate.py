@@ -280,3 +280,18 @@ def test_calibrated_optimizer_cost_prices_each_zero_path() -> None:
     z1 = _est(model, cluster, zero_stage=1, micro_batch_size=8, global_batch_size=16)
     assert z0.time.optimizer_s == pytest.approx(model.n_params() * 5e-9, rel=1e-6)
     assert z1.time.optimizer_s == pytest.approx(model.n_params() / 2 * 20e-9, rel=1e-6)
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_cpu_adamw_temporaries_join_the_step_transient(stage: int) -> None:
+    """On the CPU accelerator dstk's configs run torch's AdamW, whose single-tensor path computes
+    `(exp_avg_sq.sqrt() / c).add_(eps)`: two fp32 temporaries the size of the flat partition, beside its fp32
+    gradient — 12 B per shard parameter above the states. CUDA's FusedAdam updates in place, so there only
+    the cast of the 16-bit gradient partition to fp32 (2 + 4 B) exists."""
+    model = load_model("gpt2")
+    kw = dict(zero_stage=stage, micro_batch_size=1, global_batch_size=2)
+    cpu = _est(model, load_cluster("cpu"), **kw).memory.engine
+    cuda = _est(model, load_cluster("cpu", {"accelerator": "cuda"}), **kw).memory.engine
+    shard = model.n_params() / 2
+    assert cpu.step_transient == pytest.approx(12 * shard, rel=0.01)
+    assert cuda.step_transient == pytest.approx(6 * shard, rel=0.01)

@@ -55,7 +55,8 @@ class EngineStates:
     """Offloaded states in host memory, for this rank."""
     nvme_bytes: float
     step_transient: float
-    """fp32 gradient copies that exist only inside `optimizer.step()`."""
+    """Bytes above `device_bytes` that exist only inside `optimizer.step()`: fp32 gradient copies, and on the
+    CPU accelerator the temporaries of torch's AdamW (see :func:`adam_temporaries`)."""
 
     @property
     def device_bytes(self) -> float:
@@ -94,6 +95,23 @@ def zero_paper_states(psi: float, n: float, stage: int, precision: str) -> tuple
     )
 
 
+def adam_temporaries(layout: Layout, accelerator: str) -> float:
+    """Bytes per element that the optimizer allocates beside the fp32 tensor it updates, inside `step()`.
+
+    dstk's configs select DeepSpeed's FusedAdam (CUDA: one in-place multi-tensor kernel, no temporaries) or,
+    on the CPU accelerator, `torch_adam` — torch.optim.AdamW, whose default there is the single-tensor path
+    (torch 2.x `_default_to_fused_or_foreach` offers foreach only to CUDA/XPU/MTIA tensors). That path computes
+    `denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)`: two fp32 temporaries of the tensor's size
+    alive at once, 8 B per element. On a ZeRO-1/2/3 flat partition that is 8 B per shard parameter; measured on
+    2 CPU ranks (63M GPT-2, bf16, peak RSS of the step with large blocks mmapped): the ZeRO-1, -2 and -3 steps
+    all peak 12.1–12.8 B per shard parameter above the states (fp32 gradient 4 + Adam 8). The offload paths
+    use DeepSpeedCPUAdam (in place); dstk's 1-bit optimizers are not modelled here.
+    """
+    if accelerator != "cpu" or layout.optimizer != "adamw" or layout.offload_optimizer != "none":
+        return 0.0
+    return 8.0
+
+
 def engine_states(
     psi: float,
     n: int,
@@ -102,12 +120,13 @@ def engine_states(
     persistent: float,
     largest_param: float,
     grad_partition: float | None = None,
+    adam_temp: float = 0.0,
 ) -> EngineStates:
     """What DeepSpeed 0.19.8 allocates for `psi` parameters sharded over `n` ranks (one parameter group).
 
     `grad_partition`: the exact ZeRO-1/2 gradient buffer of the most loaded rank (every tensor its range
     touches, in full; :func:`toolkit.params.zero_grad_partition`) when the tensor list is known, else the
-    even share.
+    even share. `adam_temp`: :func:`adam_temporaries`, bytes per element of the tensor Adam updates at once.
     """
     b = 4 if layout.precision == "fp32" else 2
     stage, gas = layout.zero_stage, layout.gradient_accumulation_steps
@@ -121,8 +140,11 @@ def engine_states(
         part = flat / n
         return EngineStates(b * flat, 4 * part, 8 * part, 4 * flat + b * psi, 0, 0, 0)
     if stage == 0:
-        master = 0.0 if b == 4 else 4 * psi  # FP16_UnfusedOptimizer keeps a full fp32 copy
-        return EngineStates(b * psi, master, 8 * psi, b * psi, 0, 0, 0.0 if b == 4 else 4 * psi)
+        # 16-bit: FP16_UnfusedOptimizer keeps a full fp32 copy and casts every gradient to fp32 before the
+        # step; the optimizer then updates one tensor at a time (its temporaries: the largest tensor's)
+        master = 0.0 if b == 4 else 4 * psi
+        transient = master + adam_temp * min(psi, largest_param)
+        return EngineStates(b * psi, master, 8 * psi, b * psi, 0, 0, transient)
     if stage in (1, 2):
         flat = math.ceil(psi / (2 * n)) * 2 * n
         part = flat / n
@@ -135,14 +157,18 @@ def engine_states(
         # (stage_1_and_2.py copy_grads_in_partition): one partition at any accumulation (measured at 4
         # micro-steps, bf16: the engine's largest holding over the step equals the GA = 1 figure).
         grads = b * psi if (stage == 1 and gas > 1) else b * held
-        transient = 4 * part + (b * part if b == 2 else 0)
-        return EngineStates(b * flat, 4 * part, 8 * part, grads, 0, 0, transient)
+        # step(): ZeRO-1 first frees the gradients outside its partition; the partition's stay. The flat
+        # 16-bit copy of the partition is cast to fp32 (`.to` is a no-op in fp32), the 16-bit copy freed,
+        # then Adam runs on the fp32 partition with its temporaries beside it.
+        in_step = b * held + max(4 * part + (b * part if b == 2 else 0), (4 + adam_temp) * part)
+        return EngineStates(b * flat, 4 * part, 8 * part, grads, 0, 0, in_step - grads)
     shard = psi / n
     # small parameters below the persistence threshold stay gathered beside their partition, on the device
     lp = (0.0 if off_param else b * shard) + b * persistent
     if not off_opt:
-        # inside step, per sub-group: the flattened gradients, and their fp32 copy when they are 16-bit
-        transient = (b + (4 if b == 2 else 0)) * min(shard, knobs.sub_group_size)
+        # inside step, per sub-group: the flattened gradients and their fp32 copy when they are 16-bit, then
+        # the fp32 gradient beside Adam's temporaries
+        transient = max(b + (4 if b == 2 else 0), 4 + adam_temp) * min(shard, knobs.sub_group_size)
         return EngineStates(lp, 4 * shard, 8 * shard, b * shard, b * shard if off_param else 0, 0, transient)
     host = b * shard + (b * shard if off_param else 0)  # pinned gradient buffer (+ offloaded 16-bit params)
     nvme = 0.0
@@ -158,7 +184,10 @@ def engine_states(
 
 
 def _sum_states(a: EngineStates, b: EngineStates) -> EngineStates:
-    return EngineStates(*(x + y for x, y in zip(a.__dict__.values(), b.__dict__.values(), strict=True)))
+    """Two parameter groups' states. The optimizer steps the groups one after the other (stage_1_and_2 and
+    stage3 free each group's fp32 gradient before the next), so their step transients do not add up."""
+    total = {k: getattr(a, k) + getattr(b, k) for k in a.__dict__}
+    return EngineStates(**{**total, "step_transient": max(a.step_transient, b.step_transient)})
 
 
 def zero_buffers(
@@ -257,8 +286,9 @@ def stage_memory(
     is held in the training precision — partitioned at ZeRO-3, whose hooks gather every parameter."""
     stage = layout.zero_stage
     b = 4 if layout.precision == "fp32" else 2
+    adam_temp = adam_temporaries(layout, cluster.accelerator)
     if trainable is not None:
-        engine = engine_states(trainable, layout.dp, layout, knobs, 0, trainable)
+        engine = engine_states(trainable, layout.dp, layout, knobs, 0, trainable, adam_temp=adam_temp)
         frozen = b * (rank.dense + rank.expert) / (layout.dp if stage == 3 else 1)
         frozen += b * rank.persistent if stage == 3 else 0.0
         engine = EngineStates(
@@ -268,9 +298,11 @@ def stage_memory(
         paper[0] = b * (rank.dense_convention + rank.expert + trainable) / (layout.dp if stage == 3 else 1)
     else:
         dense = engine_states(
-            rank.dense, layout.dp, layout, knobs, rank.persistent, largest_param, grad_partition
+            rank.dense, layout.dp, layout, knobs, rank.persistent, largest_param, grad_partition, adam_temp
         )
-        expert = engine_states(rank.expert, layout.expert_dp, layout, knobs, 0, largest_param)
+        expert = engine_states(
+            rank.expert, layout.expert_dp, layout, knobs, 0, largest_param, adam_temp=adam_temp
+        )
         engine = _sum_states(dense, expert)
         paper = [
             x + y
