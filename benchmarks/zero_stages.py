@@ -308,7 +308,10 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [f"Z{r['stage']}{'+off' if r['offload'] != 'none' else ''}\nm{r['micro_batch']}" for r in rows]
+    labels = [
+        "\n".join([f"Z{r['stage']}"] + (["off"] if r["offload"] != "none" else []) + [f"m{r['micro_batch']}"])
+        for r in rows
+    ]
     x = range(len(rows))
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     axes[0].bar(
