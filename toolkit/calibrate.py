@@ -151,6 +151,29 @@ def _collectives(device: Any, sync: Any, world: int) -> dict[str, dict[str, floa
     return out
 
 
+def _probe_engine(device: Any, gpt2: dict[str, int], zero: dict[str, Any], **extra: Any) -> tuple[Any, Any]:
+    """A DeepSpeed engine over an HF GPT-2 built from `gpt2`, in a dstk config's shape (bf16, clipping, torch
+    AdamW) with ZeRO section `zero` and `extra` config keys, and one micro-batch of random tokens for it."""
+    import deepspeed
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": 1.0,
+        "bf16": {"enabled": True},
+        "zero_optimization": zero,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
+        "steps_per_print": 10**9,
+        **extra,
+    }
+    model = GPT2LMHeadModel(GPT2Config(**gpt2)).to(device)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    x = torch.randint(0, gpt2["vocab_size"], (1, gpt2["n_positions"]), device=device)
+    return engine, x
+
+
 ENGINE_PROBE = {"n_embd": 32, "n_head": 2, "vocab_size": 128, "n_positions": 16}
 """A GPT-2 so small that its arithmetic is negligible: what one of its steps costs is the host's part."""
 
@@ -162,24 +185,15 @@ def _engine_probe(device: Any, steps: int = 12) -> dict[str, float]:
     1-block step costs beyond one block is the engine's fixed per-step cost (bookkeeping, clipping,
     scheduler, loss reduction). Run the same way on every rank, so the gradient all-reduce is in it too."""
     import deepspeed
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
 
-    cfg = {
-        "train_micro_batch_size_per_gpu": 1,
-        "gradient_accumulation_steps": 1,
-        "gradient_clipping": 1.0,
-        "bf16": {"enabled": True},
-        "zero_optimization": {"stage": 0},
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
-        "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}},
-        "steps_per_print": 10**9,
-    }
     times = {}
     for layers in (1, 5):
-        model = GPT2LMHeadModel(GPT2Config(n_layer=layers, **ENGINE_PROBE)).to(device)
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
-        x = torch.randint(0, ENGINE_PROBE["vocab_size"], (1, ENGINE_PROBE["n_positions"]), device=device)
+        engine, x = _probe_engine(
+            device,
+            {"n_layer": layers, **ENGINE_PROBE},
+            {"stage": 0},
+            scheduler={"type": "WarmupLR", "params": {"warmup_num_steps": 10}},
+        )
 
         def step(engine: Any = engine, x: Any = x) -> None:
             loss = engine(input_ids=x, labels=x).loss
@@ -191,7 +205,7 @@ def _engine_probe(device: Any, steps: int = 12) -> dict[str, float]:
             _timeit(lambda: [step() for _ in range(steps)], 1, deepspeed.get_accelerator().synchronize)
             / steps
         )
-        del engine, model
+        del engine
     block = max(times[5] - times[1], 0.0) / 4
     return {
         "block_s": block,
@@ -215,7 +229,6 @@ def _optimizer_probe(device: Any, world: int, steps: int = 4) -> dict[str, float
     import deepspeed
     import torch
     import torch.distributed as dist
-    from transformers import GPT2Config, GPT2LMHeadModel
 
     from toolkit.runtime import allow_heap_reuse
 
@@ -223,28 +236,9 @@ def _optimizer_probe(device: Any, world: int, steps: int = 4) -> dict[str, float
     width = OPTIMIZER_PROBE["n_embd"]
     out = {}
     for stage, path in ((0, "replicated"), (1, "partitioned")):
-        model = GPT2LMHeadModel(GPT2Config(**OPTIMIZER_PROBE))
-        n_params = sum(p.numel() for p in model.parameters())
-        cfg = {
-            "train_micro_batch_size_per_gpu": 1,
-            "gradient_accumulation_steps": 1,
-            "gradient_clipping": 1.0,
-            "bf16": {"enabled": True},
-            "zero_optimization": {
-                "stage": stage,
-                "reduce_bucket_size": width * width,
-                "allgather_bucket_size": width * width,
-                "overlap_comm": True,
-            },
-            "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
-            "steps_per_print": 10**9,
-        }
-        engine, *_ = deepspeed.initialize(
-            model=model.to(device), model_parameters=model.parameters(), config=cfg
-        )
-        x = torch.randint(
-            0, OPTIMIZER_PROBE["vocab_size"], (1, OPTIMIZER_PROBE["n_positions"]), device=device
-        )
+        buckets = {"reduce_bucket_size": width * width, "allgather_bucket_size": width * width}
+        engine, x = _probe_engine(device, OPTIMIZER_PROBE, {"stage": stage, **buckets, "overlap_comm": True})
+        n_params = sum(p.numel() for p in engine.module.parameters())
         sync = deepspeed.get_accelerator().synchronize
         times = []
         for _ in range(steps + 1):
@@ -261,7 +255,7 @@ def _optimizer_probe(device: Any, world: int, steps: int = 4) -> dict[str, float
             gather = _timeit(lambda f=full, p=part: dist.all_gather_into_tensor(f, p), steps, sync)
         shard = n_params / (world if stage else 1)
         out[path] = max(statistics.median(times[1:]) - gather, 0.0) / shard * 1e9
-        del engine, model
+        del engine
     return out
 
 

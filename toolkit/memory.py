@@ -129,6 +129,9 @@ def engine_states(
     even share. `adam_temp`: :func:`adam_temporaries`, bytes per element of the tensor Adam updates at once.
     """
     b = 4 if layout.precision == "fp32" else 2
+    # ZeRO-1/2/3's step flattens its gradients and casts them to fp32 (`.to` is a no-op on fp32): bytes per
+    # element while both exist, then the fp32 gradient beside Adam's temporaries
+    cast, update = b + (4 if b == 2 else 0), 4 + adam_temp
     stage, gas = layout.zero_stage, layout.gradient_accumulation_steps
     off_opt, off_param = layout.offload_optimizer != "none", layout.offload_param != "none"
     if psi <= 0:
@@ -157,18 +160,16 @@ def engine_states(
         # (stage_1_and_2.py copy_grads_in_partition): one partition at any accumulation (measured at 4
         # micro-steps, bf16: the engine's largest holding over the step equals the GA = 1 figure).
         grads = b * psi if (stage == 1 and gas > 1) else b * held
-        # step(): ZeRO-1 first frees the gradients outside its partition; the partition's stay. The flat
-        # 16-bit copy of the partition is cast to fp32 (`.to` is a no-op in fp32), the 16-bit copy freed,
-        # then Adam runs on the fp32 partition with its temporaries beside it.
-        in_step = b * held + max(4 * part + (b * part if b == 2 else 0), (4 + adam_temp) * part)
+        # step(): ZeRO-1 first frees the gradients outside its partition; the partition's stay beside the
+        # cast and the update of the flat partition
+        in_step = b * held + max(cast, update) * part
         return EngineStates(b * flat, 4 * part, 8 * part, grads, 0, 0, in_step - grads)
     shard = psi / n
     # small parameters below the persistence threshold stay gathered beside their partition, on the device
     lp = (0.0 if off_param else b * shard) + b * persistent
     if not off_opt:
-        # inside step, per sub-group: the flattened gradients and their fp32 copy when they are 16-bit, then
-        # the fp32 gradient beside Adam's temporaries
-        transient = max(b + (4 if b == 2 else 0), 4 + adam_temp) * min(shard, knobs.sub_group_size)
+        # the cast and the update run per sub-group
+        transient = max(cast, update) * min(shard, knobs.sub_group_size)
         return EngineStates(lp, 4 * shard, 8 * shard, b * shard, b * shard if off_param else 0, 0, transient)
     host = b * shard + (b * shard if off_param else 0)  # pinned gradient buffer (+ offloaded 16-bit params)
     nvme = 0.0

@@ -12,7 +12,7 @@ Data-parallel traffic per ZeRO stage, as DeepSpeed schedules it (Rajbhandari et 
   updated parameters after the step. DeepSpeed 0.19.8 does not reduce-scatter: `average_tensor` (zero/
   stage_1_and_2.py), with `use_multi_rank_bucket_allreduce` at its default (True), all-reduces each whole
   bucket and every rank keeps its own slice — 2(n-1)/n·Ψ bytes, so ZeRO-1/2 move 1.5× ZeRO-0's volume
-  (DeepSpeed's comms logger on benchmarks/zero_stages.py: 211 MB vs 147 MB per step);
+  (DeepSpeed's comms logger in benchmarks/zero_stages.py, 2026-12-03: 205 MB vs 142 MB per step);
 - stage 2: the same bucket all-reduces in every micro-batch (gradients are partitioned as they are
   produced), overlapped with its backward, plus the same all-gather;
 - stage 3: per micro-batch an all-gather of parameters for forward and one for backward, prefetched behind
