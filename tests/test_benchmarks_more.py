@@ -1,4 +1,5 @@
-"""CI smoke runs of the pipeline-bubble and dense-vs-MoE benchmarks: `--quick` end to end on 2 ranks.
+"""CI smoke runs of the pipeline-bubble, dense-vs-MoE and step-memory benchmarks: `--quick` end to end on 2
+ranks.
 
 Speed and memory targets live in the benchmarks' output (benchmarks/results/), not here: these check that each
 run completes, writes every column, and puts a real measurement beside a real prediction in every row — plus
@@ -22,7 +23,9 @@ from tests.cli import REPO
 pytestmark = pytest.mark.multiprocess
 
 
-def _run_quick(script: str, out: Path) -> list[dict[str, str]]:
+def _run_quick(
+    script: str, out: Path, outputs: tuple[str, ...] = ("md", "png", "json")
+) -> list[dict[str, str]]:
     proc = subprocess.run(
         [sys.executable, f"benchmarks/{script}.py", "--quick", "--cluster", "cpu", "--out-dir", str(out)],
         cwd=REPO,
@@ -31,7 +34,7 @@ def _run_quick(script: str, out: Path) -> list[dict[str, str]]:
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    for suffix in ("md", "png", "json"):
+    for suffix in outputs:
         assert (out / f"{script}_quick.{suffix}").stat().st_size > 0
     record = json.loads((out / f"{script}_quick.json").read_text())
     assert record["env"]["versions"]["deepspeed"] and f"{script}.py --quick" in record["command"]
@@ -98,3 +101,24 @@ def test_moe_quick_puts_dense_and_moe_beside_their_predictions(tmp_path) -> None
     assert float(moe["n_active_params"]) == pytest.approx(float(dense["n_active_params"]), rel=0.01)
     assert float(moe["n_params"]) > 2 * float(dense["n_params"])
     assert float(moe["final_aux_loss"]) > 0 and float(moe["predicted_expert_comm_s"]) > 0
+
+
+def test_step_memory_quick_measures_each_phase_beside_its_prediction(tmp_path) -> None:
+    rows = {int(r["stage"]): r for r in _run_quick("step_memory", tmp_path, ("md", "json"))}
+    assert set(rows) == {0, 3}
+    for row in rows.values():
+        _positive_pairs(
+            row,
+            (
+                ("fwd_bwd_peak_bytes", "predicted_fwd_bwd_peak_bytes"),
+                ("step_peak_bytes", "predicted_step_peak_bytes"),
+                ("step_rise_per_shard_param", "predicted_transient_per_shard_param"),
+            ),
+        )
+        # the step's peak is read after a reset to the RSS of that moment: never below what stays after it
+        assert float(row["step_peak_bytes"]) >= float(row["after_step_rss_bytes"]) > 0
+        assert float(row["step_s"]) > 0 and float(row["step_minor_fault_bytes"]) >= 0
+    # ZeRO-3 updates half the parameters on each of the 2 ranks
+    assert float(rows[3]["shard_params"]) == float(rows[0]["shard_params"]) / 2
+    allreduce = json.loads((tmp_path / "step_memory_quick.json").read_text())["allreduce_bus_gb_per_s"]
+    assert set(allreduce) == {"bfloat16", "float32"} and all(v > 0 for v in allreduce.values())

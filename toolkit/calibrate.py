@@ -119,8 +119,9 @@ def _collectives(device: Any, sync: Any, world: int) -> dict[str, dict[str, floa
     bytes at that bandwidth), each time the median of several calls.
 
     Measured in bf16, the dtype the gradients and parameters of a dstk run travel in: gloo sums bf16 in
-    scalar code at about half its fp32 byte rate (all-reduce of 126 MB on the 2-core machine: 0.83 GB/s in
-    bf16, 1.59 in fp32), while NCCL's rate does not depend on the dtype."""
+    scalar code well under its fp32 byte rate (all-reduce of 126 MB on the 2-core machine, bus bandwidth:
+    0.85 GB/s in bf16, 1.33 in fp32; benchmarks/step_memory.py), while NCCL's rate does not depend on the
+    dtype."""
     import torch
     import torch.distributed as dist
 

@@ -103,8 +103,9 @@ def adam_temporaries(layout: Layout, accelerator: str) -> float:
     (torch 2.x `_default_to_fused_or_foreach` offers foreach only to CUDA/XPU/MTIA tensors). That path computes
     `denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)`: two fp32 temporaries of the tensor's size
     alive at once, 8 B per element. On a ZeRO-1/2/3 flat partition that is 8 B per shard parameter; measured on
-    2 CPU ranks (63M GPT-2, bf16, peak RSS of the step with large blocks mmapped): the ZeRO-1, -2 and -3 steps
-    all peak 12.1–12.8 B per shard parameter above the states (fp32 gradient 4 + Adam 8). The offload paths
+    2 CPU ranks by benchmarks/step_memory.py (63M GPT-2, bf16, peak RSS inside the step with large blocks
+    mmapped): the ZeRO-1, -2 and -3 steps all rise 12.0 B per shard parameter above the RSS after the step
+    (fp32 gradient 4 + Adam 8). The offload paths
     use DeepSpeedCPUAdam (in place); dstk's 1-bit optimizers are not modelled here.
     """
     if accelerator != "cpu" or layout.optimizer != "adamw" or layout.offload_optimizer != "none":
