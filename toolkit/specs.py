@@ -286,7 +286,7 @@ class ClusterSpec(BaseModel):
     `partitioned` ZeRO-1/2/3's step over one flat fp32 partition that is flattened and cast afresh every
     step. `dstk calibrate` measures both on the CPU accelerator, where they differ 2–3× (the partition's
     temporaries exceed glibc's 32 MiB mmap ceiling and are page-faulted in anew each step — 506 MB of minor
-    faults per ZeRO-1/2 step of a 63M GPT-2 against 160–200 MB at ZeRO-0, benchmarks/step_memory.py — and its
+    faults per ZeRO-1/2 step of a 63M GPT-2 against 200 MB at ZeRO-0, benchmarks/step_memory.py — and its
     extra passes are memory-bound on the same cores). Unset: the analytic bytes-per-parameter model."""
     storage_gb_per_s: float = Field(default=5, gt=0)
     """Checkpoint write bandwidth per node to the shared filesystem, GB/s."""
