@@ -157,7 +157,9 @@ def main() -> int:
         "--quick", action="store_true", help="a tiny GPT-2, ZeRO 0 and 3, 2 steps (CI smoke run)"
     )
     parser.add_argument(
-        "--cluster", default="cpu", help="cluster to predict against (default: the cpu preset)"
+        "--cluster",
+        default="local",
+        help="cluster to predict against (default: this machine, `local`, at the precision it runs fastest)",
     )
     parser.add_argument(
         "--steps", type=int, default=None, help="steady steps after the 2 measured for memory"

@@ -6,7 +6,7 @@
 set -euo pipefail
 
 MODEL="${MODEL:-tiny-gpt2}"
-CLUSTER="${CLUSTER:-cpu}"
+CLUSTER="${CLUSTER:-local}"
 NODES="${NODES:-1}"
 GLOBAL_BATCH="${GLOBAL_BATCH:-16}"
 STEPS="${STEPS:-100}"

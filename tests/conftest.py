@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -17,6 +18,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ.setdefault(var, "1")
+# `--cluster local` reads calibrations cached per host: the suite starts from none (its calibrate test writes
+# one here), whatever the user's own cache holds
+os.environ["DSTK_CACHE_DIR"] = tempfile.mkdtemp(prefix="dstk-test-cache-")
 
 
 @pytest.fixture(scope="session")

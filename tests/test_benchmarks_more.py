@@ -27,7 +27,7 @@ def _run_quick(
     script: str, out: Path, outputs: tuple[str, ...] = ("md", "png", "json")
 ) -> list[dict[str, str]]:
     proc = subprocess.run(
-        [sys.executable, f"benchmarks/{script}.py", "--quick", "--cluster", "cpu", "--out-dir", str(out)],
+        [sys.executable, f"benchmarks/{script}.py", "--quick", "--cluster", "local", "--out-dir", str(out)],
         cwd=REPO,
         capture_output=True,
         text=True,

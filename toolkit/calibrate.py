@@ -18,11 +18,25 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from queue import Empty
 from typing import Any
 
 TRAINING_SHAPES = ((2048, 768, 3072), (2048, 3072, 768), (1024, 512, 1536), (4096, 1024, 1024))
-"""(m, k, n) of GEMMs a small-to-medium transformer runs (tokens × hidden → 3·hidden or 4·hidden)."""
-LARGE_SHAPE = (2048, 2048, 2048)
+"""(m, k, n) of GEMMs a small-to-medium transformer runs (tokens × hidden → 3·hidden or 4·hidden), at the
+scale of `LARGE_SIDE`; shrunk with it where the dtype is slow (`_sizes`)."""
+LARGE_SIDE = 2048
+PROBE_SECONDS = 0.05
+"""Time one probe GEMM should take: the sizes come from a first 128³ product, so a dtype that is emulated
+(bf16 on an AVX2-only CPU: 0.8 GFLOP/s vs 60 in fp32) is measured on small shapes in seconds, not minutes."""
+
+
+def _sizes(rate_flops: float) -> tuple[tuple[int, int, int], tuple[tuple[int, int, int], ...]]:
+    """The large GEMM and the training-sized ones, scaled so the large one takes about `PROBE_SECONDS`."""
+    side = int((rate_flops * PROBE_SECONDS / 2) ** (1 / 3)) // 64 * 64
+    side = min(max(side, 128), LARGE_SIDE)
+    scale = side / LARGE_SIDE
+    shapes = tuple(tuple(max(64, int(d * scale) // 16 * 16) for d in s) for s in TRAINING_SHAPES)
+    return (side, side, side), shapes  # type: ignore[return-value]
 
 
 def _timeit(fn: Any, repeat: int, sync: Any) -> float:
@@ -78,10 +92,14 @@ def _attention_tflops(dtype: Any, device: Any, sync: Any) -> float:
     return 3 * 4 * b * s * s * heads * d / _timeit(step, 3, sync) / 1e12
 
 
-def _elementwise_gb_per_s(dtype: Any, device: Any, sync: Any, numel: int = 1 << 23) -> float:
+def _elementwise_gb_per_s(dtype: Any, device: Any, sync: Any, nbytes: int = 1 << 24) -> float:
     """Bandwidth of memory-bound kernels at the training dtype (a scalar multiply, then a sum of two
-    tensors: 2 + 3 passes), which is what norms, activations and residual adds achieve."""
+    tensors: 2 + 3 passes), which is what norms, activations and residual adds achieve. 16 MiB tensors in any
+    dtype: under glibc's 32 MiB mmap ceiling, so on CPU their buffers come from the heap as training's do
+    after `allow_heap_reuse` (32 MiB fp32 tensors are mapped and faulted in afresh: 2.8 GB/s against 19)."""
     import torch
+
+    numel = nbytes // torch.empty(0, dtype=dtype).element_size()
 
     x = torch.randn(numel, dtype=dtype, device=device)
     y = torch.randn(numel, dtype=dtype, device=device)
@@ -113,20 +131,18 @@ def _op_overhead_us(device: Any, sync: Any) -> float:
     return _timeit(ops, 5, sync) / n * 1e6
 
 
-def _collectives(device: Any, sync: Any, world: int) -> dict[str, dict[str, float]]:
+def _collectives(device: Any, sync: Any, world: int, dtype: Any) -> dict[str, dict[str, float]]:
     """Bus bandwidth (GB/s) and latency (µs) per collective (nccl-tests' bus-bandwidth convention): the
     bandwidth from the two largest messages (the slope), the latency from the smallest (its time less its
     bytes at that bandwidth), each time the median of several calls.
 
-    Measured in bf16, the dtype the gradients and parameters of a dstk run travel in: gloo sums bf16 in
-    scalar code well under its fp32 byte rate (all-reduce of 126 MB on the 2-core machine, bus bandwidth:
-    0.85 GB/s in bf16, 1.33 in fp32; benchmarks/step_memory.py), while NCCL's rate does not depend on the
-    dtype."""
+    Measured in the training dtype, the one gradients and parameters travel in: gloo sums bf16 in scalar
+    code well under its fp32 byte rate (all-reduce of 126 MB on the 2-core machine, bus bandwidth: 0.85 GB/s
+    in bf16, 1.33 in fp32; benchmarks/step_memory.py), while NCCL's rate does not depend on the dtype."""
     import torch
     import torch.distributed as dist
 
-    dtype = torch.bfloat16
-    sizes = (1 << 9, 1 << 23, 1 << 25)  # elements (bf16): 1 KB, 16 MB, 64 MB
+    sizes = (1 << 9, 1 << 21, 1 << 23)  # elements: 1-2 KB, 4-8 MB, 16-32 MB
     out = {}
     for name in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
         times = []
@@ -142,7 +158,7 @@ def _collectives(device: Any, sync: Any, world: int) -> dict[str, dict[str, floa
                 "all_to_all": lambda x=x, y=y: dist.all_to_all_single(y, x),
             }
             dist.barrier()
-            times.append(_timeit(ops[name], 7 if numel > 4096 else 30, sync))
+            times.append(_timeit(ops[name], 5 if numel > 4096 else 20, sync))
         # nccl-tests' bus-bandwidth factors: 2(n-1)/n all-reduce, (n-1)/n the rings
         factor = 2 * (world - 1) / world if name == "all_reduce" else (world - 1) / world
         bus = [n * x.element_size() * (world if name == "all_gather" else 1) * factor for n in sizes]
@@ -152,9 +168,11 @@ def _collectives(device: Any, sync: Any, world: int) -> dict[str, dict[str, floa
     return out
 
 
-def _probe_engine(device: Any, gpt2: dict[str, int], zero: dict[str, Any], **extra: Any) -> tuple[Any, Any]:
-    """A DeepSpeed engine over an HF GPT-2 built from `gpt2`, in a dstk config's shape (bf16, clipping, torch
-    AdamW) with ZeRO section `zero` and `extra` config keys, and one micro-batch of random tokens for it."""
+def _probe_engine(
+    device: Any, gpt2: dict[str, int], zero: dict[str, Any], precision: str, **extra: Any
+) -> tuple[Any, Any]:
+    """A DeepSpeed engine over an HF GPT-2 built from `gpt2`, in a dstk config's shape (`precision`, clipping,
+    torch AdamW) with ZeRO section `zero` and `extra` config keys, and one micro-batch of random tokens."""
     import deepspeed
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -163,7 +181,8 @@ def _probe_engine(device: Any, gpt2: dict[str, int], zero: dict[str, Any], **ext
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": 1.0,
-        "bf16": {"enabled": True},
+        "bf16": {"enabled": precision == "bf16"},
+        "fp16": {"enabled": precision == "fp16"},
         "zero_optimization": zero,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
         "steps_per_print": 10**9,
@@ -179,7 +198,7 @@ ENGINE_PROBE = {"n_embd": 32, "n_head": 2, "vocab_size": 128, "n_positions": 16}
 """A GPT-2 so small that its arithmetic is negligible: what one of its steps costs is the host's part."""
 
 
-def _engine_probe(device: Any, steps: int = 12) -> dict[str, float]:
+def _engine_probe(device: Any, precision: str, steps: int = 12) -> dict[str, float]:
     """Seconds per optimizer step of a 1- and a 5-block HF GPT-2 (bf16, ZeRO-0, clipping, warm-up schedule: a
     dstk config's shape) through the DeepSpeed engine, and the RSS afterwards. A quarter of the difference
     is one block's host cost (eager ops, autograd, optimizer loop over its tensors) per micro-batch; what the
@@ -193,6 +212,7 @@ def _engine_probe(device: Any, steps: int = 12) -> dict[str, float]:
             device,
             {"n_layer": layers, **ENGINE_PROBE},
             {"stage": 0},
+            precision,
             scheduler={"type": "WarmupLR", "params": {"warmup_num_steps": 10}},
         )
 
@@ -221,7 +241,7 @@ glibc's 32 MiB mmap ceiling in fp32, while a ZeRO-1 partition of them (69 MB on 
 any real model's is — the two regimes the two code paths run in."""
 
 
-def _optimizer_probe(device: Any, world: int, steps: int = 4) -> dict[str, float]:
+def _optimizer_probe(device: Any, world: int, precision: str, steps: int = 3) -> dict[str, float]:
     """Nanoseconds per updated parameter of `engine.step()` less its all-gather, at ZeRO-0 (`replicated`)
     and ZeRO-1 (`partitioned`), in a dstk config's shape (bf16, clipping, torch AdamW), after
     `allow_heap_reuse` as `dstk train` runs it. The median of `steps` steps after the first (which creates
@@ -231,14 +251,13 @@ def _optimizer_probe(device: Any, world: int, steps: int = 4) -> dict[str, float
     import torch
     import torch.distributed as dist
 
-    from toolkit.runtime import allow_heap_reuse
-
-    allow_heap_reuse()
     width = OPTIMIZER_PROBE["n_embd"]
     out = {}
     for stage, path in ((0, "replicated"), (1, "partitioned")):
         buckets = {"reduce_bucket_size": width * width, "allgather_bucket_size": width * width}
-        engine, x = _probe_engine(device, OPTIMIZER_PROBE, {"stage": stage, **buckets, "overlap_comm": True})
+        engine, x = _probe_engine(
+            device, OPTIMIZER_PROBE, {"stage": stage, **buckets, "overlap_comm": True}, precision
+        )
         n_params = sum(p.numel() for p in engine.module.parameters())
         sync = deepspeed.get_accelerator().synchronize
         times = []
@@ -251,7 +270,8 @@ def _optimizer_probe(device: Any, world: int, steps: int = 4) -> dict[str, float
             times.append(time.perf_counter() - t)
         gather = 0.0
         if stage:
-            full = torch.empty(n_params - n_params % world, device=device, dtype=torch.bfloat16)
+            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+            full = torch.empty(n_params - n_params % world, device=device, dtype=dtype)
             part = full[: full.numel() // world].clone()
             gather = _timeit(lambda f=full, p=part: dist.all_gather_into_tensor(f, p), steps, sync)
         shard = n_params / (world if stage else 1)
@@ -302,6 +322,9 @@ def _worker(rank: int, world: int, port: int, nvme: str | None, queue: Any) -> N
 
     accel = deepspeed.get_accelerator()
     accel.set_device(rank)
+    from toolkit.runtime import allow_heap_reuse
+
+    allow_heap_reuse()  # measure the steady state `dstk train` reaches after its first two steps
     if accel.device_name() == "cpu":
         # as `dstk launch` runs CPU ranks: the cores shared out, no oversubscribed OpenMP pools
         torch.set_num_threads(
@@ -313,28 +336,43 @@ def _worker(rank: int, world: int, port: int, nvme: str | None, queue: Any) -> N
     result: dict[str, Any] = {
         "rank": rank,
         "accelerator": accel.device_name(),
-        "engine": _engine_probe(device),
+        # bf16 runs on every CPU (emulated where the ISA lacks it, which the rates show); on GPUs it needs
+        # Ampere or newer
+        "supports_bf16": accel.device_name() == "cpu" or accel.is_bf16_supported(),
     }
+    dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
+    if accel.device_name() != "cpu":
+        dtypes["fp16"] = torch.float16
     dist.barrier()
-    result["large_tflops"] = {
-        dt: _matmul_tflops(getattr(torch, dt), LARGE_SHAPE, device, sync) for dt in ("bfloat16", "float32")
+    # a first 128³ product per dtype sizes the probes, so an emulated dtype costs seconds
+    rough = {
+        p: _matmul_tflops(dt, (128, 128, 128), device, sync, repeat=3) * 1e12 for p, dt in dtypes.items()
     }
-    result["training_tflops"] = {
-        dt: statistics.median(
-            _linear_train_tflops(getattr(torch, dt), s, device, sync) for s in TRAINING_SHAPES
+    result["large_tflops"], result["training_tflops"], result["shapes"] = {}, {}, {}
+    for p, dt in dtypes.items():
+        large, shapes = _sizes(rough[p])
+        result["shapes"][p] = large[0]
+        result["large_tflops"][p] = _matmul_tflops(dt, large, device, sync)
+        result["training_tflops"][p] = statistics.median(
+            _linear_train_tflops(dt, s, device, sync) for s in shapes
         )
-        for dt in ("bfloat16", "float32")
-    }
-    result["attention_tflops"] = _attention_tflops(torch.bfloat16, device, sync)
+    # every rank must probe the same way: rank 0's choice of the training precision is the job's
+    choice = [_fastest(result["large_tflops"], accel)]
+    dist.broadcast_object_list(choice, src=0)
+    precision = result["precision"] = choice[0]
+    dtype = dtypes[precision]
+    result["engine"] = _engine_probe(device, precision)
+    dist.barrier()
+    result["attention_tflops"] = _attention_tflops(dtype, device, sync)
     dist.barrier()
     result["copy_gb_per_s"] = _copy_gb_per_s(device, sync)
-    result["elementwise_gb_per_s"] = _elementwise_gb_per_s(torch.bfloat16, device, sync)
+    result["elementwise_gb_per_s"] = _elementwise_gb_per_s(dtype, device, sync)
     result["op_us"] = _op_overhead_us(device, sync)
     dist.barrier()
-    result["collectives"] = _collectives(device, sync, world) if world > 1 else {}
+    result["collectives"] = _collectives(device, sync, world, dtype) if world > 1 else {}
     if accel.device_name() == "cpu":
         # on GPUs the step is HBM-bound kernels, which the analytic model prices; on the CPU it is not
-        result["optimizer_ns_per_param"] = _optimizer_probe(device, world)
+        result["optimizer_ns_per_param"] = _optimizer_probe(device, world, precision)
     if accel.device_name() != "cpu":
         host = torch.empty(1 << 26, dtype=torch.uint8).pin_memory()
         dev = torch.empty_like(host, device=device)
@@ -350,8 +388,20 @@ def _worker(rank: int, world: int, port: int, nvme: str | None, queue: Any) -> N
     queue.put(result)
 
 
-def measure(ranks: int, nvme: str | None = None) -> list[dict[str, Any]]:
-    """Run the measurement on `ranks` local processes; one result dict per rank."""
+def _fastest(large_tflops: dict[str, float], accel: Any) -> str:
+    """The training precision this accelerator computes fastest (bf16, then fp16, when at least as fast
+    as fp32 and supported; `toolkit.layout.default_precision` makes the same choice from the result)."""
+    for p in ("bf16", "fp16"):
+        if p in large_tflops and large_tflops[p] >= large_tflops["fp32"]:
+            if p == "bf16" and accel.device_name() != "cpu" and not accel.is_bf16_supported():
+                continue
+            return p
+    return "fp32"
+
+
+def measure(ranks: int, nvme: str | None = None, timeout_s: float = 600) -> list[dict[str, Any]]:
+    """Run the measurement on `ranks` local processes; one result dict per rank. A rank that dies or a
+    measurement that overruns `timeout_s` (the first DeepSpeed op build included) ends it with an error."""
     import torch.multiprocessing as mp
 
     with socket.socket() as s:
@@ -362,7 +412,18 @@ def measure(ranks: int, nvme: str | None = None) -> list[dict[str, Any]]:
     procs = [ctx.Process(target=_worker, args=(r, ranks, port, nvme, queue)) for r in range(ranks)]
     for p in procs:
         p.start()
-    results = [queue.get(timeout=900) for _ in procs]
+    results: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout_s
+    while len(results) < ranks:
+        try:
+            results.append(queue.get(timeout=1))
+        except Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead or time.monotonic() > deadline:
+                for p in procs:
+                    p.kill()
+                why = f"a rank exited with status {dead[0]}" if dead else f"no result after {timeout_s:.0f} s"
+                raise RuntimeError(f"calibration failed: {why}") from None
     for p in procs:
         p.join(timeout=60)
         if p.exitcode not in (0, None):
@@ -398,10 +459,13 @@ def cluster_description(results: list[dict[str, Any]], name: str) -> dict[str, A
     """A cluster YAML from the measurements: the slowest rank's figure wherever ranks differ."""
     ranks = len(results)
     accel = results[0]["accelerator"]
-    peak = min(r["large_tflops"]["bfloat16"] for r in results)
-    fp32 = min(r["large_tflops"]["float32"] for r in results)
-    eff = min(r["training_tflops"]["bfloat16"] / r["large_tflops"]["bfloat16"] for r in results)
-    attention = min(r["attention_tflops"] / r["large_tflops"]["bfloat16"] for r in results)
+    sixteen = "bf16" if results[0]["supports_bf16"] or accel == "cpu" else "fp16"
+    precision = results[0]["precision"]
+    peak = min(r["large_tflops"][sixteen] for r in results)
+    fp32 = min(r["large_tflops"]["fp32"] for r in results)
+    # efficiencies at the precision training will run in (the fastest one), as the cost model applies them
+    eff = min(r["training_tflops"][precision] / r["large_tflops"][precision] for r in results)
+    attention = min(r["attention_tflops"] / r["large_tflops"][precision] for r in results)
     coll = {
         name: {
             "bus_gb_per_s": min(r["collectives"][name]["bus_gb_per_s"] for r in results),
@@ -424,7 +488,7 @@ def cluster_description(results: list[dict[str, Any]], name: str) -> dict[str, A
         else round(min(r["device_memory_gib"] for r in results), 2),
         "gpu_peak_tflops": round(peak, 4),
         "gpu_fp32_peak_tflops": round(fp32, 4),
-        "supports_bf16": True,
+        "supports_bf16": bool(results[0]["supports_bf16"]),
         "supports_fp16": accel != "cpu",
         "gpu_memory_gb_per_s": round(min(r["elementwise_gb_per_s"] for r in results), 2),
         "gpu_matmul_efficiency": round(min(eff, 1.0), 3),

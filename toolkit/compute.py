@@ -13,6 +13,7 @@ issues and computes, so the per-op cost (dispatch plus autograd bookkeeping) add
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from toolkit.params import ParamCount
@@ -49,8 +50,38 @@ class StageCompute:
         return self.forward_s + self.backward_s + self.recompute_s
 
 
-def _gemm_s(m: float, k: float, n: float, e: int, peak: float, eff: float, hbm: float) -> float:
-    """One GEMM (m×k)·(k×n): compute-bound at eff·peak or memory-bound on its operands and result."""
+# Output tiles cuBLAS runs large bf16/fp16 GEMMs with on Ampere/Hopper: the guide lists 256×128 and 128×256 as
+# the most efficient, then 128×128 (NVIDIA, "Matrix Multiplication Background User's Guide" §2.3).
+GEMM_TILES = ((256, 128), (128, 256), (128, 128))
+
+
+def quantization_efficiency(m: float, n: float, sm_count: int) -> float:
+    """Fraction of the GPU's tile slots an m×n GEMM output keeps busy, for the best of `GEMM_TILES`.
+
+    Tile quantization: the last row/column of tiles is partly empty (m·n over the tiled area). Wave
+    quantization: the tiles run in waves of `sm_count`, and the last wave is partly idle (tiles over
+    waves·SMs). NVIDIA's guide §3.1-3.2 measures both on A100 (e.g. throughput peaks at N = 1536, 3072, ...
+    for M = 2304: 108, 216, ... tiles of 256×128). Large training GEMMs sit near 1; a TP shard of a 1-2k
+    hidden size or a short micro-batch loses 10-40 %.
+    """
+    if m <= 0 or n <= 0:
+        return 1.0
+    best = 0.0
+    for bm, bn in GEMM_TILES:
+        tm, tn = math.ceil(m / bm), math.ceil(n / bn)
+        tiles = tm * tn
+        waves = math.ceil(tiles / sm_count)
+        best = max(best, (m * n) / (tm * bm * tn * bn) * tiles / (waves * sm_count))
+    return best
+
+
+def _gemm_s(
+    m: float, k: float, n: float, e: int, peak: float, eff: float, hbm: float, sm_count: int | None = None
+) -> float:
+    """One GEMM (m×k)·(k×n): compute-bound at eff·peak (less its tile and wave quantization where the SM count
+    is known) or memory-bound on its operands and result."""
+    if sm_count:
+        eff *= quantization_efficiency(m, n, sm_count)
     return max(2 * m * k * n / (peak * eff), e * (m * k + k * n + m * n) / hbm)
 
 
@@ -69,23 +100,28 @@ def block_forward_s(
 ) -> float:
     """Forward time of one block for `tokens` tokens on one rank (TP shards matrices, SP shards tokens)."""
     eff, hbm = cluster.gpu_matmul_efficiency, cluster.gpu_memory_gb_per_s * 1e9
+    sms = cluster.gpu_sm_count
     h, s = model.hidden_size, model.seq_length
     m = tokens / sp
     q_w, kv_w = model.n_heads * model.head_dim, model.n_kv_heads * model.head_dim
-    t = _gemm_s(m, h, (q_w + 2 * kv_w) / tp, e, peak, eff, hbm) + _gemm_s(m, q_w / tp, h, e, peak, eff, hbm)
+    t = _gemm_s(m, h, (q_w + 2 * kv_w) / tp, e, peak, eff, hbm, sms) + _gemm_s(
+        m, q_w / tp, h, e, peak, eff, hbm, sms
+    )
     # attention core QKᵀ and AV: 4·s·(a·d) FLOPs per token, heads split over TP and Ulysses SP
     t += 4 * m * s * q_w / tp / (peak * attention_efficiency(cluster))
     if moe:
         routed = model.moe_top_k * model.moe_capacity_factor
         ffn, n_in = model.moe_ffn_hidden_size, (2 if model.gated_mlp else 1)
-        t += _gemm_s(m * routed, h, n_in * ffn, e, peak, eff, hbm) + _gemm_s(
+        t += _gemm_s(m * routed, h, n_in * ffn, e, peak, eff, hbm, sms) + _gemm_s(
             m * routed, ffn, h, e, peak, eff, hbm
         )
-        t += _gemm_s(m, h, model.num_experts, e, peak, eff, hbm)  # router
+        t += _gemm_s(m, h, model.num_experts, e, peak, eff, hbm, sms)  # router
         ffn_tp = ffn * routed
     else:
         ffn, n_in = model.ffn_hidden_size, (2 if model.gated_mlp else 1)
-        t += _gemm_s(m, h, n_in * ffn / tp, e, peak, eff, hbm) + _gemm_s(m, ffn / tp, h, e, peak, eff, hbm)
+        t += _gemm_s(m, h, n_in * ffn / tp, e, peak, eff, hbm, sms) + _gemm_s(
+            m, ffn / tp, h, e, peak, eff, hbm, sms
+        )
         ffn_tp = ffn / tp
     # memory-bound passes per token: 2 norms (read+write h), 2 residual adds (read 2h, write h), the
     # activation's kernels (and the gate product), softmax read+write unless fused (flash)
@@ -139,7 +175,8 @@ def stage_compute(
     attention_fwd /= tp * peak * attention_efficiency(cluster)
     if last:
         eff, hbm = cluster.gpu_matmul_efficiency, cluster.gpu_memory_gb_per_s * 1e9
-        fwd += _gemm_s(tokens / sp, model.hidden_size, model.vocab_size / tp, e, peak, eff, hbm)
+        sms = cluster.gpu_sm_count
+        fwd += _gemm_s(tokens / sp, model.hidden_size, model.vocab_size / tp, e, peak, eff, hbm, sms)
         fwd += (e + 8) * tokens / sp * model.vocab_size / tp / hbm  # upcast + log-softmax of the logits
     recompute_s = fwd if recompute == "full" else attention_fwd if recompute == "selective" else 0.0
     return StageCompute(forward_s=fwd, backward_s=(1 if frozen else 2) * fwd, recompute_s=recompute_s)

@@ -1,8 +1,10 @@
 """`make demo`: the whole path on this machine, as a user would run it, one printed command at a time.
 
-generate a corpus → prepare it (local BPE tokenizer, packing) → plan a tiny GPT for the 2-rank `cpu` cluster →
-write its DeepSpeed config → launch 2 ranks → ~100 steps with the loss falling → measured vs predicted →
-the checkpoint, exported as an HF model.
+generate a corpus → prepare it (local BPE tokenizer, packing) → calibrate this machine (under a minute, once
+per host: the result is cached) → plan a tiny GPT for `--cluster local`, which picks the precision this host
+computes fastest (fp32 where bf16 is emulated) → write its DeepSpeed config → launch → ~100 steps with the
+loss falling → measured vs predicted → the checkpoint, exported as an HF model. Nothing here depends on the
+host having native bf16 or being the one the presets came from.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 OUT = Path("demo_out")
 MODEL = "tiny-gpt2"
+CLUSTER = "local"
 STEPS = 100
 
 
@@ -53,14 +56,15 @@ def main() -> None:
         "--train-tokenizer",
         "2048",
     )
-    dstk("plan", "--model", MODEL, "--cluster", "cpu", "--global-batch", "16")
+    dstk("calibrate", "--reuse")
+    dstk("plan", "--model", MODEL, "--cluster", CLUSTER, "--global-batch", "16")
     dstk(
         "config",
         "--plan",
         "--model",
         MODEL,
         "--cluster",
-        "cpu",
+        CLUSTER,
         "--global-batch",
         "16",
         "--lr",
@@ -77,7 +81,7 @@ def main() -> None:
     dstk(
         "launch",
         "--cluster",
-        "cpu",
+        CLUSTER,
         "--config",
         str(cfg),
         "--run-dir",

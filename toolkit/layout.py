@@ -129,10 +129,38 @@ class Layout(LayoutRequest):
 
 
 def default_precision(cluster: ClusterSpec) -> Precision:
-    """bf16 where the accelerator has it, fp16 on V100-class GPUs, fp32 otherwise (never fp16 on CPU)."""
-    if cluster.supports_bf16:
-        return "bf16"
-    return "fp16" if cluster.supports_fp16 else "fp32"
+    """The precision the accelerator computes fastest: bf16 where it is supported and at least as fast as
+    fp32 (every GPU with bf16 tensor cores, a CPU with AVX512-BF16/AMX), else fp16 where supported and faster
+    (V100, T4), else fp32 — so never bf16 where it is emulated (an AVX2-only CPU runs torch's bf16 matmul
+    ~75× slower than fp32) and never fp16 on CPU, which DeepSpeed rejects."""
+    fp32 = cluster.peak_flops("fp32")
+    for precision in ("bf16", "fp16"):
+        if cluster.supports(precision) and cluster.peak_flops(precision) >= fp32:
+            return precision
+    return "fp32"
+
+
+def precision_reason(cluster: ClusterSpec, precision: Precision) -> str:
+    """Why `default_precision` chose `precision` on this cluster, with the throughputs it compared."""
+
+    def rate(p: Precision) -> str:
+        flops = cluster.peak_flops(p)
+        return f"{flops / 1e12:,.4g} TFLOP/s" if flops >= 1e12 else f"{flops / 1e9:,.3g} GFLOP/s"
+
+    if precision == "fp32":
+        if cluster.supports("bf16"):
+            slow = "emulated" if cluster.accelerator == "cpu" else "slower"
+            return (
+                f"fp32 because bf16 is {slow} on this {cluster.accelerator}: {rate('bf16')} bf16 vs "
+                f"{rate('fp32')} fp32 per rank"
+            )
+        return f"fp32 because this {cluster.accelerator} has neither bf16 nor fp16 ({rate('fp32')} per rank)"
+    if precision == "fp16":
+        return (
+            f"fp16 because this {cluster.accelerator} has no bf16 ({rate('fp16')} fp16 vs {rate('fp32')} fp32); "
+            "DeepSpeed's dynamic loss scaling keeps it stable"
+        )
+    return f"bf16 ({rate('bf16')} vs {rate('fp32')} fp32 per rank, half the memory of fp32)"
 
 
 def batch_arithmetic(micro: int, dp: int, global_batch: int | None, accum: int | None) -> tuple[int, int]:

@@ -80,14 +80,23 @@ def build(cls: type[M], data: dict[str, Any], source: str, labels: dict[str, str
         raise UserError(describe_errors(source, exc, cls, labels)) from None
 
 
+LOCAL = "local"
+"""The cluster name that means "detect this machine" (toolkit.hardware), usable wherever a preset is."""
+
+
 def _resolve(kind: str, ref: str) -> tuple[dict[str, Any], str]:
+    if kind == "clusters" and ref == LOCAL:
+        from toolkit.hardware import local_cluster_data
+
+        data, _, _ = local_cluster_data()
+        return dict(data), "cluster local (detected)"
     path = preset_path(kind, ref)
     if path is not None:
         return read_mapping(path), f"preset {ref}"
     candidate = Path(ref).expanduser()
     if candidate.exists() or candidate.suffix in (".yaml", ".yml", ".json"):
         return read_mapping(candidate), str(candidate)
-    names = preset_names(kind)
+    names = preset_names(kind) + ([LOCAL] if kind == "clusters" else [])
     close = [n for n in names if n.startswith(ref)] or difflib.get_close_matches(ref, names, n=1)
     hint = f"did you mean {close[0]}? " if close else ""
     what = "model" if kind == "models" else "cluster"

@@ -19,7 +19,7 @@ from typing import Any
 from toolkit import recipes
 from toolkit.errors import UserError
 from toolkit.estimate import Estimate, estimate, estimate_memory, host_fits, nvme_fits
-from toolkit.layout import Layout, LayoutRequest, default_precision
+from toolkit.layout import Layout, LayoutRequest, default_precision, precision_reason
 from toolkit.memory import GIB
 from toolkit.reliability import CheckpointPlan, checkpoint_plan
 from toolkit.rules import broken_rules
@@ -286,6 +286,11 @@ def _explain(best: Candidate, alternatives: list[tuple[str, Candidate]], search:
         lines.append(
             f"{dim} = {getattr(alt.layout, dim)} instead: {alt.rejected_because} ({_describe(alt.layout)})."
         )
+    precision = best.layout.precision
+    if "precision" in search.fixed:
+        lines.append(f"Precision {precision}: as requested.")
+    else:
+        lines.append(f"Precision {precision_reason(search.cluster, precision)}.")
     for name, msg in sorted(search.rule_rejections.items()):
         lines.append(f"Excluded by rule {name}: {msg}.")
     return lines

@@ -49,11 +49,62 @@ def summarize(trainer: Any, run: Any, layout: Layout) -> dict[str, Any]:
 
         predicted = estimate(run.model, run.cluster, layout).to_dict()
         summary["predicted"] = predicted
+        summary["warnings"] = reality_check(summary, run.cluster, layout)
     if trainer.rt.is_main:
         run.run_dir.mkdir(parents=True, exist_ok=True)
         (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
         print_comparison(summary)
+        for warning in summary.get("warnings", []):
+            print(f"warning: {warning}", flush=True)
     return summary
+
+
+OUTSIDE = (0.5, 2.0)
+"""Measured/predicted ratios outside this band mean the description does not match the machine."""
+
+
+def reality_check(summary: dict[str, Any], cluster: Any, layout: Layout) -> list[str]:
+    """A warning per quantity whose measurement is outside ×0.5–2 of the prediction, naming the likely
+    cause and the fix: bf16 emulated on this CPU, a preset that is not this machine, an uncalibrated local
+    description, or other work on the host."""
+    import os
+
+    p = summary.get("predicted") or {}
+    measured = {
+        "step time": (summary.get("step_time_s"), p.get("step_time_s")),
+        "peak memory": (
+            max(summary.get("peak_memory_bytes") or [0]),
+            (p.get("memory_per_gpu_bytes") or {}).get("total"),
+        ),
+    }
+    off = {k: m / q for k, (m, q) in measured.items() if m and q and not OUTSIDE[0] <= m / q <= OUTSIDE[1]}
+    if not off:
+        return []
+    causes = []
+    if layout.precision == "bf16" and cluster.peak_flops("bf16") < cluster.peak_flops("fp32"):
+        causes.append(
+            "bf16 is slower than fp32 on this accelerator (emulated); plan fp32 (`--precision fp32`)"
+        )
+    if cluster.name != "local":
+        causes.append(
+            f"the cluster is the description {cluster.name!r}, not this machine: use `--cluster local` "
+            "after `dstk calibrate`"
+        )
+    else:
+        from toolkit.hardware import detect
+
+        if detect(ranks=cluster.gpus_per_node).calibration is None:
+            causes.append("--cluster local is not calibrated on this host: run `dstk calibrate`")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    cores = os.cpu_count() or 1
+    if load > cores + 0.5:
+        causes.append(f"other jobs on the host (load average {load:.1f} on {cores} cores)")
+    if not causes:
+        causes.append(
+            "other jobs on the host, or a model the cost model does not price; rerun `dstk calibrate`"
+        )
+    what = ", ".join(f"{k} ×{r:.2f} of the prediction" for k, r in off.items())
+    return [f"measured {what} (outside ×{OUTSIDE[0]:g}–{OUTSIDE[1]:g}); likely: " + "; ".join(causes)]
 
 
 def _comm_bytes_per_step(trainer: Any) -> float:

@@ -256,6 +256,11 @@ class ClusterSpec(BaseModel):
     """Accelerator memory (HBM) bandwidth, GB/s; bounds memory-bound kernels and the optimizer step."""
     gpu_matmul_efficiency: float = Field(default=0.75, gt=0, le=1)
     """Sustained fraction of peak that training-sized GEMMs reach (A100 preset 0.7); `dstk calibrate` measures it."""
+    gpu_sm_count: int | None = Field(default=None, gt=0)
+    """Streaming multiprocessors per GPU (A100 108, H100 SXM 132). With it, each GEMM's efficiency also
+    carries its tile and wave quantization (NVIDIA, "Matrix Multiplication Background User's Guide" §3): a
+    thin TP shard or a short sequence fills fewer of the GPU's tile slots than a large GEMM. Unset (CPU,
+    unknown GPU): one efficiency for every shape."""
     attention_efficiency: float | None = Field(default=None, gt=0, le=1)
     """Fraction of peak the fused attention kernel (SDPA / FlashAttention) sustains forward and backward, its
     FLOPs counted as 4·s·h per token and block (default: gpu_matmul_efficiency). `dstk calibrate` measures it;

@@ -95,7 +95,11 @@ def add_cluster_args(parser: argparse.ArgumentParser, required: bool = True) -> 
 
     group = parser.add_argument_group("cluster")
     group.add_argument(
-        "--cluster", metavar="C", required=required, help="preset name or cluster YAML/JSON file"
+        "--cluster",
+        metavar="C",
+        required=required,
+        help="preset name, cluster YAML/JSON file, or `local` (detected from this machine, calibrated if "
+        "`dstk calibrate` ran here)",
     )
     for name in CLUSTER_OVERRIDES:
         field = ClusterSpec.model_fields[name]
@@ -138,7 +142,23 @@ def model_from_args(args: argparse.Namespace) -> Any:
 def cluster_from_args(args: argparse.Namespace) -> Any:
     from toolkit.load import load_cluster
 
-    return load_cluster(args.cluster, {name: getattr(args, name, None) for name in CLUSTER_OVERRIDES})
+    cluster = load_cluster(args.cluster, {name: getattr(args, name, None) for name in CLUSTER_OVERRIDES})
+    note_local_cluster(args.cluster)
+    return cluster
+
+
+def note_local_cluster(ref: str | None) -> None:
+    """For `--cluster local`, say on stderr what was detected and whether a calibration was used (stdout
+    stays the command's output, e.g. JSON)."""
+    from toolkit.load import LOCAL
+
+    if ref != LOCAL:
+        return
+    from toolkit.hardware import local_cluster_data
+
+    _, summary, warnings = local_cluster_data()
+    for line in (summary, *warnings):
+        print(line, file=sys.stderr)
 
 
 def layout_request_from_args(args: argparse.Namespace) -> Any:

@@ -54,6 +54,18 @@ def collect() -> dict[str, object]:
         info["torch_threads"] = torch.get_num_threads()
     except ImportError:
         info["accelerator"] = None
+    from toolkit.hardware import detect
+
+    det = detect()
+    info["local_cluster"] = {
+        "hardware": det.hardware,
+        "fingerprint": det.fingerprint,
+        "calibration": str(det.calibration) if det.calibration else None,
+        "cluster": det.cluster,
+        "sources": det.sources,
+        "unknown": det.unknown,
+        "warnings": det.warnings,
+    }
     return info
 
 
@@ -62,10 +74,20 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(info)
         return 0
+    local = info.pop("local_cluster")
     for key, value in info.items():
         if isinstance(value, dict):
             for k, v in value.items():
                 print(f"{k:>14}: {v}")
         else:
             print(f"{key:>14}: {value}")
+    print("\n--cluster local (detected from this machine):")
+    for key, value in local["hardware"].items():
+        print(f"{key:>14}: {value}")
+    print(f"{'calibration':>14}: {local['calibration'] or 'none for this host (run dstk calibrate)'}")
+    for key, value in local["cluster"].items():
+        source = local["sources"].get(key)
+        print(f"  {key:<24}{value!s:<28}{source or ''}")
+    for line in local["unknown"]:
+        print(f"  unknown: {line}")
     return 0

@@ -20,7 +20,7 @@ from toolkit.commands import add_cluster_args, cluster_from_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_cluster_args(parser)
+    add_cluster_args(parser, required=False)
     parser.add_argument("--config", type=Path, metavar="FILE", help="DeepSpeed JSON for dstk train")
     parser.add_argument(
         "--run-dir",
@@ -135,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         for flag in SLURM_ONLY:
             if getattr(args, flag.lstrip("-").replace("-", "_")) is not None:
                 raise UserError(f"{flag}: only with --slurm FILE")
+    args.cluster = args.cluster or "local"  # this machine, detected (and calibrated if calibrate ran)
     cluster = cluster_from_args(args)
     if args.slurm is not None:
         return _write_slurm(args, cluster)

@@ -16,7 +16,7 @@ def run(args: argparse.Namespace) -> int:
     from toolkit.presets import preset_names
 
     models = [load_model(name) for name in preset_names("models")]
-    clusters = [load_cluster(name) for name in preset_names("clusters")]
+    clusters = [load_cluster(name) for name in preset_names("clusters")] + [load_cluster("local")]
     model_rows = [
         {
             "name": m.name,

@@ -69,7 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cluster",
         metavar="C",
-        help="cluster to predict against (default: the cpu preset on the CPU accelerator)",
+        help="cluster to predict against (default: `local`, this machine as detected, calibrated if "
+        "`dstk calibrate` ran here)",
     )
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     parser.add_argument(
@@ -252,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
     if args.cluster:
         cluster = load_cluster(args.cluster)
     elif (config.get("dstk") or {}).get("layout", {}).get("world_size", world) == world:
-        cluster = load_cluster("cpu", {"gpus_per_node": world}) if _cpu_only() else None
+        cluster = load_cluster("local", {"gpus_per_node": world})
     os.environ.setdefault("WANDB_MODE", "offline")  # offline unless the user configured wandb
     loop = LoopOptions(
         steps=steps,
@@ -316,9 +317,3 @@ def _lora(flag: str | None, config: dict) -> str | None:
     if given and planned and given != planned:
         raise UserError(f"--lora: {given} disagrees with the config's plan ({planned}); drop one")
     return given or planned
-
-
-def _cpu_only() -> bool:
-    import torch
-
-    return not torch.cuda.is_available()

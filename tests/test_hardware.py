@@ -1,0 +1,172 @@
+"""`--cluster local` detection from recorded real outputs (tests/data/hardware, sources in SOURCES.md):
+nvidia-smi of A100/H100/H200/V100/T4 and other nodes, /proc/cpuinfo with and without native bf16. Each gives
+the right peaks, memory, bf16 support and rank count; the precision the planner then picks follows the
+hardware; an unknown GPU is named with the fields that are unknown; a cached calibration wins."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from toolkit.hardware import detect, match_gpu, parse_cpuinfo, parse_nvidia_smi
+from toolkit.layout import default_precision, precision_reason
+from toolkit.specs import ClusterSpec
+
+DATA = Path(__file__).parent / "data" / "hardware"
+AVX2_HOST = (DATA / "cpuinfo_amd-epyc-avx2-host.txt").read_text()
+MEMINFO = "MemTotal:       2113929216 kB\nMemAvailable:   2000000000 kB\n"
+
+
+def _detect(smi: str = "", cpu: str = AVX2_HOST, **kw) -> object:
+    return detect(nvidia_smi=smi, cpuinfo=cpu, meminfo=MEMINFO, use_cache=False, versions={}, **kw)
+
+
+# file, GPUs, table entry, memory GiB (99 % of memory.total), 16-bit peak, bf16, precision the planner picks
+GPUS = [
+    ("nvidia-smi_a100-sxm4-80gb_x4.txt", 4, "a100-sxm4-80gb", 79.2, 312, True, "bf16"),
+    ("nvidia-smi_h100-sxm5-80gb_x8.txt", 8, "h100-sxm5-80gb", 78.9, 989.5, True, "bf16"),
+    ("nvidia-smi_h100-nvl_x2.txt", 2, "h100-nvl", 92.6, 835.5, True, "bf16"),
+    ("nvidia-smi_h200_x1.txt", 1, "h200-sxm-141gb", 139.0, 989.5, True, "bf16"),
+    ("nvidia-smi_v100-sxm2-16gb_x8.txt", 8, "v100-sxm2-16gb", 15.8, 125, False, "fp16"),
+    ("nvidia-smi_t4_x1.txt", 1, "t4", 14.6, 65, False, "fp16"),
+    ("nvidia-smi_l40s_x2.csv", 2, "l40s", 44.5, 362.05, True, "bf16"),
+    ("nvidia-smi_l4_x1.txt", 1, "l4", 22.3, 121, True, "bf16"),
+    ("nvidia-smi_a10_x1.txt", 1, "a10", 22.3, 125, True, "bf16"),
+    ("nvidia-smi_rtx4090_x8.txt", 8, "rtx-4090", 23.7, 165.2, True, "bf16"),
+    ("nvidia-smi_rtx-a6000_x9.txt", 9, "rtx-a6000", 44.5, 154.8, True, "bf16"),
+]
+
+
+@pytest.mark.parametrize("name,count,key,mem,peak,bf16,precision", GPUS, ids=[g[2] for g in GPUS])
+def test_recorded_nvidia_smi_gives_the_node(name, count, key, mem, peak, bf16, precision) -> None:
+    text = (DATA / name).read_text()
+    gpus = parse_nvidia_smi(text)
+    assert len(gpus) == count and match_gpu(gpus[0].name)[0] == key
+    det = _detect(text)
+    spec = ClusterSpec.model_validate(det.cluster)
+    assert spec.accelerator == "cuda" and spec.gpus_per_node == count
+    assert spec.gpu_memory_gib == pytest.approx(mem, abs=0.05)
+    assert spec.gpu_peak_tflops == pytest.approx(peak) and spec.supports_bf16 is bf16
+    # the table's fp32 (CUDA cores), not a fixed ratio of the tensor-core peak: 1/16 on A100, 1/2 on an L4
+    assert spec.gpu_fp32_peak_tflops == match_gpu(gpus[0].name)[1]["fp32_tflops"] < spec.gpu_peak_tflops
+    assert default_precision(spec) == precision
+    assert not det.warnings and det.sources["gpu_peak_tflops"].startswith(f"table {key}")
+
+
+def test_nvlink_nodes_get_nvlink_bandwidth_and_pcie_cards_pcie() -> None:
+    h100 = _detect((DATA / "nvidia-smi_h100-sxm5-80gb_x8.txt").read_text()).cluster
+    l4 = _detect((DATA / "nvidia-smi_l4_x1.txt").read_text()).cluster
+    assert h100["intra_node_gb_per_s"] > 300 > 50 > l4["intra_node_gb_per_s"]
+
+
+def test_csv_query_output_without_header_parses_in_query_order() -> None:
+    gpus = parse_nvidia_smi("NVIDIA A100-SXM4-40GB, 40960 MiB, 535.104.05, 8.0\n" * 8)
+    assert len(gpus) == 8 and gpus[0].memory_mib == 40960 and gpus[0].driver == "535.104.05"
+    assert match_gpu(gpus[0].name)[0] == "a100-sxm4-40gb"
+
+
+def test_unknown_gpu_is_a_warning_naming_what_is_unknown() -> None:
+    det = _detect(
+        "name, memory.total [MiB], driver_version, compute_cap\nNVIDIA A40, 46068 MiB, 550.54, 8.6\n"
+    )
+    assert len(det.warnings) == 1 and "'NVIDIA A40'" in det.warnings[0] and "\n" not in det.warnings[0]
+    assert any("gpu_peak_tflops" in u for u in det.unknown)
+    ClusterSpec.model_validate(det.cluster)  # still a usable description: memory and count are known
+    assert det.cluster["gpus_per_node"] == 1 and det.cluster["gpu_memory_gib"] == pytest.approx(44.5, abs=0.1)
+
+
+@pytest.mark.parametrize("name", ["NVIDIA L40", "NVIDIA A10G", "NVIDIA GH200 480GB"])
+def test_gpu_names_match_whole_words(name) -> None:
+    assert match_gpu(name) is None
+
+
+CPUS = [
+    ("cpuinfo_intel-xeon-platinum-8480plus.txt", True, "bf16"),
+    ("cpuinfo_intel-xeon-platinum-8260m.txt", False, "fp32"),
+    ("cpuinfo_intel-xeon-e5-2680v3.txt", False, "fp32"),
+    ("cpuinfo_amd-epyc-avx2-host.txt", False, "fp32"),
+]
+
+
+@pytest.mark.parametrize("name,native,precision", CPUS, ids=[c[0] for c in CPUS])
+def test_recorded_cpuinfo_gives_bf16_by_isa(name, native, precision) -> None:
+    text = (DATA / name).read_text()
+    cpu = parse_cpuinfo(text)
+    assert cpu.bf16_native is native
+    det = _detect(cpu=text)
+    spec = ClusterSpec.model_validate(det.cluster)
+    assert spec.accelerator == "cpu" and not spec.supports_fp16
+    assert default_precision(spec) == precision
+    if not native:
+        # emulated bf16 is ~75× slower than fp32 (measured on the AVX2 host), and the reason says so
+        assert spec.peak_flops("bf16") < spec.peak_flops("fp32") / 50
+        assert "emulated" in precision_reason(spec, "fp32")
+    assert any("not calibrated" in w for w in det.warnings)
+
+
+def test_cpu_ranks_share_the_cores(tmp_path) -> None:
+    eight = "".join(f"processor\t: {i}\n{AVX2_HOST.split(chr(10), 1)[1]}\n" for i in range(8))
+    root = tmp_path / "root"
+    for node in (0, 1):
+        (root / f"sys/devices/system/node/node{node}").mkdir(parents=True)
+    one_socket = _detect(cpu=eight).cluster
+    two_sockets = detect(
+        nvidia_smi="", cpuinfo=eight, meminfo=MEMINFO, root=root, use_cache=False, versions={}
+    )
+    assert one_socket["gpus_per_node"] == 2 and two_sockets.cluster["gpus_per_node"] == 2
+    fp32_per_rank = one_socket["gpu_fp32_peak_tflops"]
+    assert fp32_per_rank == pytest.approx(
+        4 * parse_cpuinfo(AVX2_HOST).fp32_flops_per_cycle() * 2.445 / 1e3, rel=0.01
+    )
+
+
+def test_a_cached_calibration_for_this_host_replaces_the_table(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("DSTK_CACHE_DIR", str(tmp_path))
+    first = detect(nvidia_smi="", cpuinfo=AVX2_HOST, meminfo=MEMINFO, versions={"torch": "x"})
+    assert first.calibration is None
+    path = tmp_path / "calibration" / f"{first.fingerprint}.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text(
+        yaml.safe_dump({"name": "calibrated", "gpu_peak_tflops": 0.00065, "gpu_fp32_peak_tflops": 0.031})
+    )
+    again = detect(nvidia_smi="", cpuinfo=AVX2_HOST, meminfo=MEMINFO, versions={"torch": "x"})
+    assert again.calibration == path and again.cluster["gpu_fp32_peak_tflops"] == 0.031
+    assert again.cluster["name"] == "local" and "calibrated" in again.summary()
+    assert "measured by dstk calibrate" in again.sources["gpu_fp32_peak_tflops"]
+    # another torch version is another host as far as measurements go
+    other = detect(nvidia_smi="", cpuinfo=AVX2_HOST, meminfo=MEMINFO, versions={"torch": "y"})
+    assert other.calibration is None and other.fingerprint != first.fingerprint
+
+
+def test_plan_on_the_local_cluster_imports_no_torch_and_answers_fast(tmp_path) -> None:
+    probe = (
+        "import sys, time, io, contextlib; t = time.perf_counter(); from toolkit.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out: code = main(['plan', '--model', 'gpt2', "
+        "'--cluster', 'local', '--json'])\n"
+        "import json; json.loads(out.getvalue())\n"
+        "print(code, time.perf_counter() - t, [m for m in ('torch', 'deepspeed') if m in sys.modules])"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parents[1],
+        env={"DSTK_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )
+    code, seconds, heavy = proc.stdout.split(maxsplit=2)
+    assert code == "0" and heavy.strip() == "[]", proc.stderr
+    assert float(seconds) < 1.0
+    assert "cluster local:" in proc.stderr  # what was detected is said, on stderr
+
+
+def test_local_is_a_cluster_name_everywhere() -> None:
+    from toolkit.load import load_cluster
+
+    t = time.perf_counter()
+    cluster = load_cluster("local", {"gpus_per_node": 2})
+    assert cluster.name == "local" and cluster.gpus_per_node == 2 and time.perf_counter() - t < 1
