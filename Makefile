@@ -32,7 +32,7 @@ demo: $(STAMP)
 	$(PY) -m toolkit.demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q -ra tests
+	$(PY) -m pytest -q -ra --durations=25 tests
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -ra -m "not multiprocess and not slow" tests

@@ -111,14 +111,14 @@ RUNS = [
     (
         "LLaMA 65B, 2048 A100 (tokens/s/GPU)",
         "Touvron et al. 2023, §2.4 (380 tokens/s/GPU)",
-        "--model llama-65b --cluster dgx-a100-80g --nodes 256 --tp 8 --zero-stage 1 --global-batch 2048 --recompute selective --tp-sequence-parallel --tp-vocab-parallel",
+        "--model llama-65b --cluster dgx-a100-80g --nodes 256 --tp 8 --zero-stage 1 --global-batch 2048 --recompute selective --tp-sequence-parallel --tp-vocab-parallel --fused-kernels",
         "tok",
         380,
     ),
     (
         "Llama 3 405B, TP8 PP16, 8192 H100",
         "Dubey et al. 2024, Table 4 (430 TFLOP/s)",
-        "--model llama3-405b --cluster dgx-h100 --nodes 1024 --tp 8 --pp 16 --zero-stage 1 --global-batch 2048 --recompute selective --tp-sequence-parallel --tp-vocab-parallel",
+        "--model llama3-405b --cluster dgx-h100 --nodes 1024 --tp 8 --pp 16 --zero-stage 1 --global-batch 2048 --recompute selective --tp-sequence-parallel --tp-vocab-parallel --fused-kernels",
         "model",
         430,
     ),

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from toolkit.hardware import detect, match_gpu, parse_cpuinfo, parse_nvidia_smi
-from toolkit.layout import default_precision, precision_reason
+from toolkit.layout import LayoutRequest, default_precision, precision_reason, resolve_layout
 from toolkit.specs import ClusterSpec
 
 DATA = Path(__file__).parent / "data" / "hardware"
@@ -170,3 +170,27 @@ def test_local_is_a_cluster_name_everywhere() -> None:
     t = time.perf_counter()
     cluster = load_cluster("local", {"gpus_per_node": 2})
     assert cluster.name == "local" and cluster.gpus_per_node == 2 and time.perf_counter() - t < 1
+
+
+def test_a_run_far_from_its_prediction_names_the_cause_and_the_fix() -> None:
+    from toolkit.load import load_cluster, load_model
+    from toolkit.report_run import reality_check
+
+    model = load_model("tiny-gpt2")
+    emulated = ClusterSpec.model_validate(_detect().cluster)  # AVX2 host: bf16 at fp32/75
+    layout = resolve_layout(model, emulated, LayoutRequest(precision="bf16", micro_batch_size=8))
+    summary = {
+        "step_time_s": 8.68,  # what the AVX2 host measured for the demo's bf16 plan
+        "peak_memory_bytes": [0.8e9],
+        "predicted": {"step_time_s": 0.129, "memory_per_gpu_bytes": {"total": 0.8e9}},
+    }
+    (warning,) = reality_check(summary, emulated, layout)
+    assert "step time ×67.29" in warning and "emulated" in warning and "--precision fp32" in warning
+    assert "peak memory" not in warning  # within ×0.5–2
+    preset = load_cluster("cpu")
+    (warning,) = reality_check(
+        summary, preset, resolve_layout(model, preset, LayoutRequest(precision="bf16"))
+    )
+    assert "'cpu'" in warning and "--cluster local" in warning and "dstk calibrate" in warning
+    summary["step_time_s"] = 0.2
+    assert reality_check(summary, preset, layout) == []

@@ -32,9 +32,32 @@ ACTIVATION_KERNELS = {"gelu": 1, "relu": 1, "silu": 1, "gelu_new": 8}
 ACTIVATION_PASSES = {"gelu": 2, "relu": 2, "silu": 2, "gelu_new": 18}
 
 
-def kernels_per_block(model: ModelSpec) -> int:
-    """Kernels one block issues in forward."""
-    return KERNELS_PER_BLOCK_FORWARD + ACTIVATION_KERNELS[model.activation] + (1 if model.gated_mlp else 0)
+# HF's eager LlamaRMSNorm (and Qwen2/Mistral's copies): `x.to(fp32)`, `pow(2)`, `mean`, `+ eps`, `rsqrt`, `x *`,
+# `.to(dtype)`, `weight *` — eight kernels where Megatron runs one fused kernel (LayerNorm in torch is already
+# one). Bytes per token in units of h: read+write of each pass, 36h in bf16 (casts to and from fp32, three
+# fp32 passes) and 28h in fp32 (no casts). HF's `apply_rotary_pos_emb`: `q·cos`, `rotate_half` (a negation
+# and a concatenation), `·sin`, the sum — five kernels and ten passes of the tensor, for q and for k.
+# transformers' modeling_llama.py (LlamaRMSNorm, apply_rotary_pos_emb), counted from the source.
+RMSNORM_EAGER_KERNELS = 8
+ROTARY_EAGER_KERNELS = 5
+ROTARY_EAGER_PASSES = 10
+
+
+def rmsnorm_eager_passes(e: int) -> float:
+    """Passes of h elements of `e` bytes that one HF eager RMSNorm makes per token (36h bytes in bf16, 28h in
+    fp32), against 2 for a fused norm."""
+    return (36 if e == 2 else 28) / e
+
+
+def kernels_per_block(model: ModelSpec, fused: bool = True) -> int:
+    """Kernels one block issues in forward; `fused=False` adds HF eager RMSNorm's and rotary's kernels."""
+    n = KERNELS_PER_BLOCK_FORWARD + ACTIVATION_KERNELS[model.activation] + (1 if model.gated_mlp else 0)
+    if not fused:
+        if model.norm == "rmsnorm":
+            n += 2 * (RMSNORM_EAGER_KERNELS - 1)
+        if model.position_embedding == "rope":
+            n += 2 * ROTARY_EAGER_KERNELS
+    return n
 
 
 @dataclass(frozen=True)
@@ -97,8 +120,10 @@ def block_forward_s(
     sequence_parallel: bool,
     flash: bool,
     peak: float,
+    fused: bool = True,
 ) -> float:
-    """Forward time of one block for `tokens` tokens on one rank (TP shards matrices, SP shards tokens)."""
+    """Forward time of one block for `tokens` tokens on one rank (TP shards matrices, SP shards tokens);
+    `fused=False` prices HF's eager RMSNorm and rotary embedding op by op."""
     eff, hbm = cluster.gpu_matmul_efficiency, cluster.gpu_memory_gb_per_s * 1e9
     sms = cluster.gpu_sm_count
     h, s = model.hidden_size, model.seq_length
@@ -125,13 +150,16 @@ def block_forward_s(
         ffn_tp = ffn / tp
     # memory-bound passes per token: 2 norms (read+write h), 2 residual adds (read 2h, write h), the
     # activation's kernels (and the gate product), softmax read+write unless fused (flash)
-    replicated = 2 * 2 * h + 2 * 3 * h
+    norm = 2 if fused or model.norm != "rmsnorm" else rmsnorm_eager_passes(e)
+    replicated = 2 * norm * h + 2 * 3 * h
     act = ACTIVATION_PASSES[model.activation] + (3 if model.gated_mlp else 0)
     passes = (replicated / tp if sequence_parallel else replicated) + act * ffn_tp
+    if not fused and model.position_embedding == "rope":
+        passes += ROTARY_EAGER_PASSES * (q_w + kv_w) / tp
     if not flash:
         passes += 2 * model.n_heads * s / tp * (2 if model.dropout else 1)
     t += passes * e * m / hbm
-    issue = kernels_per_block(model) * cluster.kernel_launch_us * 1e-6
+    issue = kernels_per_block(model, fused) * cluster.kernel_launch_us * 1e-6
     return t + issue if cluster.accelerator == "cpu" else max(t, issue)
 
 
@@ -155,6 +183,7 @@ def stage_compute(
     sequence_parallel: bool,
     peak: float,
     frozen: bool = False,
+    fused_kernels: bool = True,
 ) -> StageCompute:
     """Forward, backward and recomputation seconds of one micro-batch on one rank of a pipeline stage.
 
@@ -165,7 +194,14 @@ def stage_compute(
     tokens = micro_batch * model.seq_length
     flash = recompute != "none"  # selective recomputation is what fused (flash) attention does
     common = dict(
-        tokens=tokens, e=e, tp=tp, sp=sp, sequence_parallel=sequence_parallel, flash=flash, peak=peak
+        tokens=tokens,
+        e=e,
+        tp=tp,
+        sp=sp,
+        sequence_parallel=sequence_parallel,
+        flash=flash,
+        peak=peak,
+        fused=fused_kernels,
     )
     fwd = dense_layers * block_forward_s(model, pc, cluster, moe=False, **common)
     fwd += moe_layers * block_forward_s(model, pc, cluster, moe=True, **common)

@@ -315,6 +315,7 @@ def estimate(
             sequence_parallel=layout.tp_sequence_parallel,
             peak=peak,
             frozen=layout.lora is not None,
+            fused_kernels=layout.fused_kernels,
         )
         trainable = _lora_params(model, layout, st.blocks)
         load = StageLoad(

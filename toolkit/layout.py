@@ -38,6 +38,7 @@ LAYOUT_FLAGS: dict[str, str] = {
     "tp_sequence_parallel": "--tp-sequence-parallel",
     "tp_vocab_parallel": "--tp-vocab-parallel",
     "zeropp": "--zeropp",
+    "fused_kernels": "--fused-kernels",
     "lora": "--lora",
 }
 
@@ -82,6 +83,11 @@ class LayoutRequest(BaseModel):
     zeropp: bool = False
     """ZeRO++ (Wang et al. 2023) on ZeRO-3: int8 weight all-gather, int4 gradient reduce-scatter, and a
     secondary weight partition inside each node so backward gathers stay on NVLink."""
+    fused_kernels: bool = False
+    """The runtime fuses the memory-bound work of a block (RMSNorm, rotary embedding, bias + activation) as
+    Megatron-LM / Megatron-DeepSpeed and vendor training stacks do; off: HF modules in eager mode, as `dstk
+    train` runs them (RMSNorm upcast to fp32 in seven kernels, rotary in five per tensor), which the cost model
+    then prices op by op."""
     lora: str | None = None
     """LoRA fine-tuning, e.g. `r=16,alpha=32[,dropout=0.05][,targets=q_proj+v_proj]`: adapters train, the
     base weights are frozen (no gradients or optimizer states for them); see toolkit/lora.py."""

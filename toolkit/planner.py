@@ -184,6 +184,8 @@ class _Search:
                                 optimizer=self.fixed.get("optimizer", "adamw"),
                                 lora=self.fixed.get("lora"),
                                 zeropp=zeropp,
+                                # Megatron's kernels are fused; HF modules in the DeepSpeed engine run eager
+                                fused_kernels=self.fixed.get("fused_kernels", "deepspeed" not in self.scopes),
                             )
                             self._walk_micro(base, dp, micros)
 

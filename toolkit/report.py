@@ -98,8 +98,8 @@ def print_estimate(est: Estimate, title: str | None = None) -> None:
     console.print(tt)
     verdict = "[green]fits[/green]" if est.fits else "[red]does not fit[/red]"
     console.print(
-        f"{verdict}; {est.tokens_per_s:,.0f} tokens/s, {est.tflops_per_gpu:.1f} TFLOP/s per GPU "
-        f"(model; {est.hardware_tflops_per_gpu:.1f} with recomputation), MFU {est.mfu:.1%}"
+        f"{verdict}; {est.tokens_per_s:,.0f} tokens/s, {est.tflops_per_gpu:,.4g} TFLOP/s per GPU "
+        f"(model; {est.hardware_tflops_per_gpu:,.4g} with recomputation), MFU {est.mfu:.1%}"
     )
 
 
