@@ -20,8 +20,8 @@ def main(model_ref: str, config_path: str, data_dir: str, steps: int, out: str) 
     from transformers import AutoModelForCausalLM
 
     from toolkit.data.loader import PackedData, TrainLoader
-    from toolkit.load import load_model
-    from toolkit.models import hf_config
+    from toolkit.plan.load import load_model
+    from toolkit.run.models import hf_config
 
     deepspeed.init_distributed()
     cfg = json.loads(Path(config_path).read_text())

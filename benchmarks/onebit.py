@@ -54,8 +54,8 @@ def run_one(name: str, args: argparse.Namespace, rank: int, world: int) -> dict[
     import torch.distributed as dist
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from toolkit.onebit import attach_to_engine, build_optimizer
-    from toolkit.onebit_comm import ring_allreduce_bytes
+    from toolkit.parallel.onebit import attach_to_engine, build_optimizer
+    from toolkit.parallel.onebit_comm import ring_allreduce_bytes
 
     torch.manual_seed(0)
     cfg = GPT2Config(
@@ -107,7 +107,7 @@ def run_one(name: str, args: argparse.Namespace, rank: int, world: int) -> dict[
 
 def worker(args: argparse.Namespace) -> None:
     """One rank of the benchmark job (started by `main` through the deepspeed launcher)."""
-    from toolkit.runtime import init_distributed, shutdown
+    from toolkit.run.runtime import init_distributed, shutdown
 
     rt = init_distributed()
     results = {name: run_one(name, args, rt.rank, rt.world_size) for name in OPTIMIZERS}

@@ -13,7 +13,7 @@ Arms (each a `dstk grow --schedule` run, i.e. dstk config --plan → dstk launch
 64 validation rows every `eval_every` steps; `dstk grow` measures the validation loss right before and after
 growing. N counts every parameter (embeddings included), as `ModelSpec.n_params` does. Each segment has its own
 warm-up + cosine schedule (dstk config's), and the grown segment's data order is reseeded (see
-toolkit/progressive.py).
+toolkit/plan/growth.py).
 
 Writes benchmarks/results/progressive[_quick]_<hardware>_<date>.{csv,md,png,json} (or under --out-dir).
 Usage: python benchmarks/progressive.py [--quick] [--steps S] [--small-fraction F] [--out-dir DIR] [--work-dir DIR]
@@ -34,6 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import result_path, stamp, write_json
+from toolkit.plan.params import count_params
 
 REPO = Path(__file__).resolve().parents[1]
 QUICK = dict(vocab=512, seq=64, layers=4, hidden=64, heads=4, batch=8, micro=4, steps=60, eval_every=10, lr=3e-3,
@@ -85,8 +86,8 @@ def rows_of(arm: str, result: dict[str, Any]) -> list[dict[str, Any]]:
 def run_arms(s: dict[str, Any], args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, Any]]:
     import yaml
 
-    from toolkit.load import load_model
-    from toolkit.progressive import Schedule, Stage, run_schedule
+    from toolkit.plan.growth import Schedule, Stage, run_schedule
+    from toolkit.plan.load import load_model
 
     specs = {
         "big": model(s, "big", s["layers"], s["hidden"], s["heads"]),
@@ -97,7 +98,7 @@ def run_arms(s: dict[str, Any], args: argparse.Namespace, tmp: Path) -> dict[str
     for name, spec in specs.items():
         paths[name] = str(tmp / f"{name}.yaml")
         Path(paths[name]).write_text(yaml.safe_dump(spec))
-    n = {name: load_model(path).n_params() for name, path in paths.items()}
+    n = {name: count_params(load_model(path)).total for name, path in paths.items()}
     if not (tmp / "data" / "manifest.json").is_file():
         dstk("data", "generate", "--out", str(tmp / "raw"), "--docs-per-domain", str(s["docs"]))
         dstk("data", "prepare", "--input", *map(str, sorted((tmp / "raw").glob("*.jsonl"))), "--out",

@@ -42,7 +42,7 @@ COLUMNS = [
     "step_s",
     "step_minor_fault_bytes",
 ]
-LEAN_STEPS = 2  # as toolkit.trainer: peaks over the steps before the allocator switch
+LEAN_STEPS = 2  # as toolkit.run.loop: peaks over the steps before the allocator switch
 MIB = 2**20
 
 
@@ -78,16 +78,16 @@ def _allreduce_gb_per_s(dist: Any, torch: Any, nbytes: int = 126 * 10**6, reps: 
 
 
 def worker(config: str, model_file: str, out: str, steps: int) -> None:
-    from toolkit.runtime import keep_large_blocks_in_mmap
+    from toolkit.run.runtime import keep_large_blocks_in_mmap
 
     keep_large_blocks_in_mmap()  # before torch, as dstk train does
     import deepspeed
     import torch
     import torch.distributed as dist
 
-    from toolkit.load import load_model
-    from toolkit.models import build_model
-    from toolkit.runtime import allow_heap_reuse
+    from toolkit.plan.load import load_model
+    from toolkit.run.models import build_model
+    from toolkit.run.runtime import allow_heap_reuse
 
     deepspeed.init_distributed()
     cfg = json.loads(Path(config).read_text())

@@ -37,6 +37,7 @@ from benchmarks.common import (
     write_csv,
     write_record,
 )
+from toolkit.plan.params import count_params
 
 REPO = Path(__file__).resolve().parents[1]
 FULL_MODEL = {
@@ -75,7 +76,7 @@ COLUMNS = [
 
 def accelerator_of(cluster: str) -> str:
     """The accelerator of the cluster the predictions are made for (`cpu`, `cuda`, ...)."""
-    from toolkit.load import load_cluster
+    from toolkit.plan.load import load_cluster
 
     return load_cluster(cluster).accelerator
 
@@ -123,7 +124,7 @@ def main() -> int:
 
     model = QUICK_MODEL if args.quick else FULL_MODEL
     if args.model:
-        from toolkit.load import load_model
+        from toolkit.plan.load import load_model
 
         model = load_model(args.model).model_dump(mode="json")
     stages = (
@@ -149,9 +150,9 @@ def main() -> int:
         model_file.write_text(yaml.safe_dump(model))
         cluster = cluster_for(t, args.cluster, env)
         data = prepare_data(t, model, 600 if args.quick else 3000)
-        from toolkit.load import load_cluster, load_model
+        from toolkit.plan.load import load_cluster, load_model
 
-        n_params = load_model(str(model_file)).n_params()
+        n_params = count_params(load_model(str(model_file))).total
         for stage, offload in stages:
             for micro in micros:
                 name = f"z{stage}{'-off' if offload != 'none' else ''}-m{micro}"

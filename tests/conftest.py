@@ -61,8 +61,8 @@ def init_weights(tmp_path_factory) -> Path:
     import torch
 
     from tests.distributed import TEST_MODEL
-    from toolkit.load import load_model
-    from toolkit.models import build_model
+    from toolkit.plan.load import load_model
+    from toolkit.run.models import build_model
 
     out = tmp_path_factory.mktemp("init")
     torch.manual_seed(0)

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.cli import dstk_process
-from toolkit.load import load_cluster
+from toolkit.plan.load import load_cluster
 
 pytestmark = pytest.mark.multiprocess
 
@@ -36,7 +36,7 @@ def test_calibrate_writes_a_cluster_the_planner_loads_and_caches_it_for_local(tm
     text = out.read_text()
     assert "optimizer_ns_per_param" in yaml.safe_load(text)
     # the precision it measured fastest is the one the planner will pick from the file
-    from toolkit.layout import default_precision
+    from toolkit.plan.layout import default_precision
 
     fastest = re.search(r"training precision measured fastest: (\w+)", text).group(1)
     assert default_precision(cluster) == fastest

@@ -191,12 +191,12 @@ def test_import_path_never_loads_torch_or_deepspeed() -> None:
 
 
 def test_plan_shows_the_recipe_and_lays_the_schedule_over_the_token_budget() -> None:
-    """Issue 12 point 3: the generated optimizer and schedule follow toolkit/recipes.py, visibly; with --tokens
+    """Issue 12 point 3: the generated optimizer and schedule follow toolkit/plan/recipes.py, visibly; with --tokens
     the cosine schedule spans tokens / (global batch × sequence length) steps."""
     import json
     import math
 
-    from toolkit import recipes
+    from toolkit.plan import recipes
 
     r = dstk("plan", "--model", "gpt2", "--cluster", "dgx-a100-80g", "--tokens", "300e9", "--json")
     assert r.code == 0, r.err

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from toolkit.compute import kernels_per_block, quantization_efficiency, rmsnorm_eager_passes
-from toolkit.estimate import estimate
-from toolkit.layout import LayoutRequest, resolve_layout
-from toolkit.load import load_cluster, load_model
-from toolkit.planner import plan
+from toolkit.plan.cost.compute import kernels_per_block, quantization_efficiency, rmsnorm_eager_passes
+from toolkit.plan.cost.estimate import estimate
+from toolkit.plan.layout import LayoutRequest
+from toolkit.plan.load import load_cluster, load_model
+from toolkit.plan.planner import plan
+from toolkit.plan.rules import resolve_layout
 
 
 def _est(model, cluster, **layout):

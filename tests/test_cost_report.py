@@ -11,9 +11,9 @@ import sys
 import pytest
 
 from tests.cli import REPO, dstk
-from toolkit.cost_report import parse_tokens, scaling_rows
 from toolkit.errors import UserError
-from toolkit.load import load_cluster, load_model
+from toolkit.plan.load import load_cluster, load_model
+from toolkit.report.cost import parse_tokens, scaling_rows
 
 GPT3 = ["plan", "--model", "gpt3-175b", "--cluster", "dgx-a100-80g", "--global-batch", "1536"]
 GIB = 2**30

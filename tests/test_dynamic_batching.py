@@ -16,7 +16,6 @@ import pytest
 
 from tests.cli import REPO
 from tests.distributed import TEST_MODEL, config, dstk_cmd, launch
-from toolkit.checkpoint import tag_for
 from toolkit.data.corpus import GENERATORS
 from toolkit.data.dynamic import (
     Batching,
@@ -36,6 +35,7 @@ from toolkit.data.pack import piece_chunks
 from toolkit.data.prepare import prepare, split_order
 from toolkit.data.tokenizer import load_tokenizer
 from toolkit.errors import UserError
+from toolkit.run.checkpoint import tag_for
 
 SEQ = 64
 
@@ -139,8 +139,8 @@ def test_padding_does_not_change_the_loss(unpacked) -> None:
     taken one at a time (why the loader passes no mask)."""
     import torch
 
-    from toolkit.load import load_model
-    from toolkit.models import build_model
+    from toolkit.plan.load import load_model
+    from toolkit.run.models import build_model
 
     torch.manual_seed(0)
     model = build_model(load_model(TEST_MODEL), {}).eval()
@@ -361,7 +361,7 @@ def test_bad_dynamic_batching_settings_name_the_flag() -> None:
 
 
 def finished(job) -> bool:
-    """Exit 0, or gloo's occasional abort at teardown after a run that wrote its summary (toolkit.runtime.shutdown)."""
+    """Exit 0, or gloo's occasional abort at teardown after a run that wrote its summary (toolkit.run.runtime.shutdown)."""
     aborted = "terminate called without an active exception" in job.output
     return job.code == 0 or (aborted and (job.run_dir / "summary.json").is_file())
 

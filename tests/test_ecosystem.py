@@ -27,7 +27,7 @@ if __name__ == "__main__":  # run as the 2-rank Trainer script: make `tests` and
     sys.path.insert(0, str(REPO))
 
 from tests.cli import dstk  # noqa: E402
-from toolkit.ecosystem import get_path  # noqa: E402
+from toolkit.integrations.targets import get_path  # noqa: E402
 
 TINY = str(REPO / "tests" / "models" / "tiny-test-gpt2.yaml")
 TINY_MOE = str(REPO / "tests" / "models" / "tiny-test-moe.yaml")
@@ -81,7 +81,7 @@ def plan_layout(plan: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_hf_trainer_config_is_auto_exactly_where_the_trainer_fills(tmp_path) -> None:
-    from toolkit.ecosystem.hf_trainer import AUTO_FIELDS
+    from toolkit.integrations.hf_trainer import AUTO_FIELDS
 
     flags = [
         "--model",
@@ -119,8 +119,8 @@ def _hf_resolve(ds_path: Path, args_path: Path, out: Path, world_size: int) -> A
     from transformers import AutoModelForCausalLM, TrainingArguments
     from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig, unset_hf_deepspeed_config
 
-    from toolkit.load import load_model
-    from toolkit.models import hf_config
+    from toolkit.plan.load import load_model
+    from toolkit.run.models import hf_config
 
     model = AutoModelForCausalLM.from_config(hf_config(load_model(TINY)))
     args = TrainingArguments(output_dir=str(out), report_to="none", **json.loads(args_path.read_text()))
@@ -401,8 +401,8 @@ MEGATRON_CASES = {
 
 @pytest.mark.parametrize("case", list(MEGATRON_CASES))
 def test_megatron_arguments_are_verified_flags_with_the_plans_values(tmp_path, case) -> None:
-    from toolkit.load import load_model
-    from toolkit.validate import validate_config
+    from toolkit.integrations.validate import validate_config
+    from toolkit.plan.load import load_model
 
     flags = MEGATRON_CASES[case]
     # --megatron runs TP with Megatron's sequence parallelism and vocabulary-parallel embedding unless told
@@ -625,8 +625,8 @@ def _trainer_main(ds_path: str, args_path: str, result_path: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
 
-    from toolkit.load import load_model
-    from toolkit.models import hf_config
+    from toolkit.plan.load import load_model
+    from toolkit.run.models import hf_config
 
     # With use_cpu=True the Trainer sets up torch.distributed but not deepspeed.comm, so ZeRO-3's zero.Init
     # (run when the model is built) would see world size 1 and fail DeepSpeed's batch check.

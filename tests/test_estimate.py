@@ -6,12 +6,14 @@ import itertools
 
 import pytest
 
-from toolkit import activations as act
-from toolkit.estimate import estimate
-from toolkit.flops import hardware_flops_per_token, model_flops_per_token
-from toolkit.layout import LayoutRequest, resolve_layout
-from toolkit.load import load_cluster, load_model, model_from_params
-from toolkit.specs import ModelSpec
+from toolkit.plan.cost import activations as act
+from toolkit.plan.cost.estimate import estimate
+from toolkit.plan.cost.flops import hardware_flops_per_token, model_flops_per_token
+from toolkit.plan.layout import LayoutRequest
+from toolkit.plan.load import load_cluster, load_model, model_from_params
+from toolkit.plan.params import count_params
+from toolkit.plan.rules import resolve_layout
+from toolkit.plan.specs import ModelSpec
 
 
 def _est(model, cluster, **layout):
@@ -31,7 +33,7 @@ def test_zero_paper_figure_1(stage: int, gb: float) -> None:
     cluster = load_cluster("dgx-a100-80g", {"nodes": 8})
     e = _est(model, cluster, zero_stage=stage, precision="fp16")
     # the figure's Ψ is exactly 7.5e9; scale our shape's count to it before comparing
-    assert _model_states(e) / model.n_params() * 7.5e9 / 1e9 == pytest.approx(gb, rel=0.01)
+    assert _model_states(e) / count_params(model).total * 7.5e9 / 1e9 == pytest.approx(gb, rel=0.01)
 
 
 def _gpt(**kw) -> ModelSpec:
@@ -122,7 +124,7 @@ def test_block_activations_match_what_hf_gpt2_saves() -> None:
 def test_palm_flops_convention() -> None:
     """6N + 12·L·H·Q·T per token (PaLM App. B); full recomputation adds one forward (×4/3 of the 6N part)."""
     model = load_model("gpt3-175b")
-    n, attn = model.n_params(), 12 * 96 * 96 * 128 * 2048
+    n, attn = count_params(model).total, 12 * 96 * 96 * 128 * 2048
     assert model_flops_per_token(model) == 6 * n + attn
     none, full = hardware_flops_per_token(model, "none"), hardware_flops_per_token(model, "full")
     assert full / none == pytest.approx(4 / 3, rel=1e-9)
@@ -131,7 +133,7 @@ def test_palm_flops_convention() -> None:
 def test_gpt3_175b_training_flops() -> None:
     """Total training FLOPs for GPT-3 175B on 300B tokens ≈ 3.14e23 (Brown et al. 2020, Table D.1)."""
     model = load_model("gpt3-175b")
-    assert 6 * model.n_params() * 300e9 == pytest.approx(3.14e23, rel=0.01)
+    assert 6 * count_params(model).total * 300e9 == pytest.approx(3.14e23, rel=0.01)
 
 
 def test_model_states_non_increasing_in_tp_pp_zero_dp() -> None:
@@ -221,14 +223,14 @@ def test_zero_offload_fits_13b_on_one_v100() -> None:
     plain = _est(model, cluster, zero_stage=2, recompute="full")
     offload = _est(model, cluster, zero_stage=2, offload_optimizer="cpu", recompute="full")
     assert not plain.fits and offload.fits
-    assert offload.memory.cpu_per_node > 16 * model.n_params()
+    assert offload.memory.cpu_per_node > 16 * count_params(model).total
     assert offload.time.optimizer_s > plain.time.optimizer_s
 
 
 def test_moe_active_params_in_flops() -> None:
     model = load_model("mixtral-8x7b")
-    assert model_flops_per_token(model) < 6 * model.n_params()
-    assert model_flops_per_token(model) > 6 * model.n_active_params()
+    assert model_flops_per_token(model) < 6 * count_params(model).total
+    assert model_flops_per_token(model) > 6 * count_params(model).active
 
 
 def test_small_model_zero3_needs_more_than_zero0_with_deepspeed_default_buckets() -> None:
@@ -237,7 +239,7 @@ def test_small_model_zero3_needs_more_than_zero0_with_deepspeed_default_buckets(
     stays resident, and its live-parameter limit (1e9) keeps the whole model gathered from forward into
     backward (measured clean-allocator peaks: 3,735 MiB vs 3,433 MiB per rank). dstk's own sizes remove most
     of that."""
-    from toolkit.zero_knobs import deepspeed_default_knobs
+    from toolkit.plan.zero_knobs import deepspeed_default_knobs
 
     model = ModelSpec(
         name="gpt2-45m", n_layers=6, hidden_size=512, n_heads=8, vocab_size=50257, seq_length=512
@@ -258,13 +260,13 @@ def test_deepspeed_zero1_and_2_all_reduce_whole_buckets_then_gather() -> None:
     """DeepSpeed 0.19.8's ZeRO-1/2 all-reduce every gradient bucket whole (`use_multi_rank_bucket_allreduce`,
     its default) and then all-gather the updated parameters: where nothing overlaps (the CPU accelerator)
     they expose ZeRO-0's all-reduce plus an all-gather — 1.5× ZeRO-0's bytes, as its comms logger counts."""
-    from toolkit import comm
+    from toolkit.plan.cost import comm
 
     model = load_model("gpt2")
     cluster = load_cluster("cpu", {"collective_latency_us": 0})
     z0 = _est(model, cluster, zero_stage=0, micro_batch_size=8, global_batch_size=16)
     z1 = _est(model, cluster, zero_stage=1, micro_batch_size=8, global_batch_size=16)
-    gather = comm.all_gather_s(2 * model.n_params(), comm.Group(size=2, per_node=2), cluster)
+    gather = comm.all_gather_s(2 * count_params(model).total, comm.Group(size=2, per_node=2), cluster)
     extra = z1.time.data_parallel_comm_s - z0.time.data_parallel_comm_s
     assert gather <= extra < 1.05 * gather  # the rest: one bucket that cannot overlap
 
@@ -278,8 +280,8 @@ def test_calibrated_optimizer_cost_prices_each_zero_path() -> None:
     cluster = load_cluster("cpu", measured)
     z0 = _est(model, cluster, zero_stage=0, micro_batch_size=8, global_batch_size=16)
     z1 = _est(model, cluster, zero_stage=1, micro_batch_size=8, global_batch_size=16)
-    assert z0.time.optimizer_s == pytest.approx(model.n_params() * 5e-9, rel=1e-6)
-    assert z1.time.optimizer_s == pytest.approx(model.n_params() / 2 * 20e-9, rel=1e-6)
+    assert z0.time.optimizer_s == pytest.approx(count_params(model).total * 5e-9, rel=1e-6)
+    assert z1.time.optimizer_s == pytest.approx(count_params(model).total / 2 * 20e-9, rel=1e-6)
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
@@ -292,6 +294,6 @@ def test_cpu_adamw_temporaries_join_the_step_transient(stage: int) -> None:
     kw = dict(zero_stage=stage, micro_batch_size=1, global_batch_size=2)
     cpu = _est(model, load_cluster("cpu"), **kw).memory.engine
     cuda = _est(model, load_cluster("cpu", {"accelerator": "cuda"}), **kw).memory.engine
-    shard = model.n_params() / 2
+    shard = count_params(model).total / 2
     assert cpu.step_transient == pytest.approx(12 * shard, rel=0.01)
     assert cuda.step_transient == pytest.approx(6 * shard, rel=0.01)

@@ -14,7 +14,7 @@ SCENARIOS = yaml.safe_load((REPO / "ds_configs" / "scenarios.yaml").read_text())
 
 def _world_size(args: list[str]) -> int:
     from toolkit.commands import CLUSTER_OVERRIDES
-    from toolkit.load import load_cluster
+    from toolkit.plan.load import load_cluster
 
     opts = dict(zip(args[::2], args[1::2], strict=False))
     overrides = {

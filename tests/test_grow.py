@@ -17,6 +17,7 @@ import yaml
 
 from tests.cli import REPO, dstk, dstk_process
 from tests.distributed import TEST_MODEL
+from toolkit.plan.params import count_params
 
 LLAMA_MODEL = str(REPO / "tests" / "models" / "tiny-test-llama.yaml")
 TOLERANCE = 1e-5
@@ -60,8 +61,8 @@ def parents(tmp_path_factory) -> dict[str, Path]:
     """The 2-layer GPT-2 and Llama test models after 30 AdamW steps, saved with save_pretrained."""
     import torch
 
-    from toolkit.load import load_model
-    from toolkit.models import build_model
+    from toolkit.plan.load import load_model
+    from toolkit.run.models import build_model
 
     out = {}
     for arch, ref in (("gpt2", TEST_MODEL), ("llama", LLAMA_MODEL)):
@@ -82,7 +83,7 @@ BASES = {"gpt2": TEST_MODEL, "llama": LLAMA_MODEL}
 
 
 def test_depth_maps_stack_and_interleave() -> None:
-    from toolkit.grow import depth_map
+    from toolkit.plan.grow import depth_map
 
     assert depth_map(2, 4, "stack") == [(0, False), (1, False), (0, True), (1, True)]
     assert depth_map(2, 4, "interleave") == [(0, False), (0, True), (1, False), (1, True)]
@@ -95,8 +96,8 @@ def test_depth_maps_stack_and_interleave() -> None:
 def test_zero_out_depth_growth_keeps_the_parents_loss(tmp_path, parents, arch, method) -> None:
     """2 → 4 layers with the new blocks' output projections zeroed: the grown model's loss on a fresh batch
     equals the parent's to 1e-5 (eval mode); copy-stacking changes it."""
-    from toolkit.grow import grow
-    from toolkit.load import load_model
+    from toolkit.plan.load import load_model
+    from toolkit.run.grow import grow
 
     target = load_model(_variant(tmp_path, BASES[arch], f"{arch}-4", n_layers=4))
     ids = _batch(512, seed=1000)
@@ -128,8 +129,8 @@ def test_zero_out_depth_growth_keeps_the_parents_loss(tmp_path, parents, arch, m
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_width_and_depth_growth_keeps_the_parents_loss(tmp_path, parents, arch) -> None:
     """Width ×2 (hidden, heads, key/value heads, MLP) and 2 → 4 layers at once: same loss to 1e-5."""
-    from toolkit.grow import grow
-    from toolkit.load import load_model
+    from toolkit.plan.load import load_model
+    from toolkit.run.grow import grow
 
     base = yaml.safe_load(Path(BASES[arch]).read_text())
     wide = dict(n_layers=4, hidden_size=128, n_heads=8)
@@ -140,7 +141,7 @@ def test_width_and_depth_growth_keeps_the_parents_loss(tmp_path, parents, arch) 
     parent_loss = _loss(_load(parents[arch]), ids)
     result = grow(parents[arch], target, tmp_path / "wide")
     grown = _load(tmp_path / "wide")
-    assert sum(p.numel() for p in grown.parameters()) == target.n_params() == result.n_params[1]
+    assert sum(p.numel() for p in grown.parameters()) == count_params(target).total == result.n_params[1]
     assert result.growth.factors == {"res": 2, "heads": 2, "ffn": 2}
     grown_loss = _loss(grown, ids)
     assert abs(grown_loss - parent_loss) < TOLERANCE, (parent_loss, grown_loss)
@@ -151,8 +152,8 @@ def test_width_and_depth_growth_keeps_the_parents_loss(tmp_path, parents, arch) 
 def test_random_split_breaks_the_symmetry_of_replicated_units(tmp_path, parents, noise) -> None:
     """With an even split a replicated unit and its copy get equal gradients and stay equal for ever (the grown
     model is the small one in disguise); the random split keeps the function and lets them diverge."""
-    from toolkit.grow import grow
-    from toolkit.load import load_model
+    from toolkit.plan.load import load_model
+    from toolkit.run.grow import grow
 
     target = load_model(_variant(tmp_path, TEST_MODEL, "wide", hidden_size=128, n_heads=8))
     grow(parents["gpt2"], target, tmp_path / "g", width_noise=noise)
@@ -221,8 +222,8 @@ def test_grow_rejects_bad_flags_and_sources(tmp_path, parents) -> None:
 
 def test_growth_validation_is_pure_and_names_each_problem() -> None:
     from toolkit.errors import UserError
-    from toolkit.grow import plan_growth
-    from toolkit.load import load_model
+    from toolkit.plan.grow import plan_growth
+    from toolkit.plan.load import load_model
 
     llama = load_model(LLAMA_MODEL)
     bad_kv = llama.model_copy(update={"n_heads": 8, "n_kv_heads": 2, "hidden_size": 128})
@@ -242,12 +243,12 @@ def test_grow_the_replan_and_the_schedule_import_no_torch() -> None:
     """The validation, the re-plan and the orchestrator are pure (like dstk plan): milliseconds, no torch."""
     code = (
         "import sys\n"
-        "import toolkit.commands.grow, toolkit.grow, toolkit.progressive\n"
-        "from toolkit.load import load_model, load_cluster\n"
-        "from toolkit.grow import plan_growth\n"
+        "import toolkit.commands.grow, toolkit.plan.grow, toolkit.plan.growth\n"
+        "from toolkit.plan.load import load_model, load_cluster\n"
+        "from toolkit.plan.grow import plan_growth\n"
         "p = load_model('llama-7b'); g = p.model_copy(update={'n_layers': 64, 'name': 'grown'})\n"
         "plan_growth(p, g)\n"
-        "print('\\n'.join(toolkit.progressive.replan(p, g, load_cluster('dgx-a100-40g'))))\n"
+        "print('\\n'.join(toolkit.plan.growth.replan(p, g, load_cluster('dgx-a100-40g'))))\n"
         "assert 'torch' not in sys.modules and 'deepspeed' not in sys.modules\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
@@ -349,9 +350,9 @@ def test_parent_description_is_inferred_from_checkpoint_shapes(tmp_path, base) -
     import torch
     from transformers import AutoModelForCausalLM
 
-    from toolkit.grow import infer_parent
-    from toolkit.load import load_model
-    from toolkit.models import hf_config
+    from toolkit.plan.load import load_model
+    from toolkit.run.grow import infer_parent
+    from toolkit.run.models import hf_config
 
     parent = load_model(base)
     changes = dict(n_layers=4, hidden_size=128, n_heads=8)
@@ -371,7 +372,7 @@ def test_parent_description_is_inferred_from_checkpoint_shapes(tmp_path, base) -
         "vocab_size",
     ):
         assert getattr(inferred, name) == getattr(parent, name), name
-    assert inferred.n_params() == parent.n_params()
+    assert count_params(inferred).total == count_params(parent).total
 
 
 @pytest.mark.parametrize(
@@ -388,8 +389,8 @@ def test_other_families_grow_exactly(tmp_path, arch, wide) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from toolkit.grow import _hf_config, grow
-    from toolkit.load import load_model
+    from toolkit.plan.load import load_model
+    from toolkit.run.grow import _hf_config, grow
 
     base = dict(
         name=arch, architecture=arch, n_layers=2, hidden_size=64, n_heads=4, vocab_size=512, seq_length=64

@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from toolkit.hardware import detect, match_gpu, parse_cpuinfo, parse_nvidia_smi
-from toolkit.layout import LayoutRequest, default_precision, precision_reason, resolve_layout
-from toolkit.specs import ClusterSpec
+from toolkit.plan.hardware import match_gpu, parse_cpuinfo, parse_nvidia_smi
+from toolkit.plan.layout import LayoutRequest, default_precision, precision_reason
+from toolkit.plan.local import detect
+from toolkit.plan.rules import resolve_layout
+from toolkit.plan.specs import ClusterSpec
 
 DATA = Path(__file__).parent / "data" / "hardware"
 AVX2_HOST = (DATA / "cpuinfo_amd-epyc-avx2-host.txt").read_text()
@@ -165,7 +167,7 @@ def test_plan_on_the_local_cluster_imports_no_torch_and_answers_fast(tmp_path) -
 
 
 def test_local_is_a_cluster_name_everywhere() -> None:
-    from toolkit.load import load_cluster
+    from toolkit.plan.load import load_cluster
 
     t = time.perf_counter()
     cluster = load_cluster("local", {"gpus_per_node": 2})
@@ -173,8 +175,8 @@ def test_local_is_a_cluster_name_everywhere() -> None:
 
 
 def test_a_run_far_from_its_prediction_names_the_cause_and_the_fix() -> None:
-    from toolkit.load import load_cluster, load_model
-    from toolkit.report_run import reality_check
+    from toolkit.plan.load import load_cluster, load_model
+    from toolkit.run.summary import reality_check
 
     model = load_model("tiny-gpt2")
     emulated = ClusterSpec.model_validate(_detect().cluster)  # AVX2 host: bf16 at fp32/75

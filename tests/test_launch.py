@@ -9,8 +9,8 @@ import pytest
 
 from tests.cli import REPO, dstk
 from toolkit.errors import UserError
-from toolkit.launch import deepspeed_command, hostfile_text, parse_hostfile
-from toolkit.load import load_cluster
+from toolkit.launcher.command import deepspeed_command, hostfile_text, parse_hostfile
+from toolkit.plan.load import load_cluster
 
 
 def _cluster_file(tmp_path, hostnames, **extra):

@@ -9,8 +9,8 @@ import pytest
 
 from tests.conftest import train_args, zero_config
 from tests.distributed import TEST_MODEL, launch
-from toolkit.load import load_model
-from toolkit.lora import adapter_params, parse_lora
+from toolkit.plan.load import load_model
+from toolkit.plan.lora import adapter_params, parse_lora
 
 LORA = "r=8,alpha=16"
 
@@ -83,3 +83,24 @@ def test_lora_adapters_save_and_load_with_peft(lora_runs, init_weights, prepared
     final_eval = s["evals"][-1]["loss"]
     assert loss == pytest.approx(final_eval, rel=1e-4)
     assert math.isfinite(loss)
+
+
+def test_a_lora_runs_measured_tflops_use_the_estimates_formula() -> None:
+    """The run's Meter and the estimate count a LoRA token alike (4·N + attention: no weight gradients for
+    the frozen base); the run used to count 6·N, so its measured-vs-predicted row was off by up to 1.5×."""
+    from toolkit.plan.cost.estimate import estimate
+    from toolkit.plan.layout import LayoutRequest
+    from toolkit.plan.load import load_cluster
+    from toolkit.plan.rules import resolve_layout
+    from toolkit.run.metrics import Meter
+
+    model, cluster = load_model("llama-7b"), load_cluster("dgx-a100-80g")
+    request = LayoutRequest(zero_stage=2, micro_batch_size=2, global_batch_size=64, lora="r=16,alpha=32")
+    est = estimate(model, cluster, resolve_layout(model, cluster, request, scopes=("layout", "deepspeed")))
+    tokens = est.layout.global_batch_size * model.seq_length
+    meter = Meter(model, est.layout.world_size, tokens, cluster.peak_flops("bf16"), frozen=True)
+    rates = meter.rates(est.time.total_s)
+    assert rates["tflops_per_gpu"] == pytest.approx(est.tflops_per_gpu, rel=1e-9)
+    assert rates["mfu"] == pytest.approx(est.mfu, rel=1e-9)
+    full = Meter(model, est.layout.world_size, tokens, cluster.peak_flops("bf16")).rates(est.time.total_s)
+    assert full["tflops_per_gpu"] > 1.4 * rates["tflops_per_gpu"]  # what the run reported before

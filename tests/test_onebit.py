@@ -1,4 +1,4 @@
-"""dstk's 1-bit optimizers (toolkit/onebit.py, toolkit/onebit_comm.py) in three layers: the bit packing and the
+"""dstk's 1-bit optimizers (toolkit/parallel/onebit.py, toolkit/parallel/onebit_comm.py) in three layers: the bit packing and the
 optimizers' arithmetic in one process; the compressed all-reduce on 2 gloo ranks; the optimizers inside the
 real DeepSpeed engine on 2 ranks (tests/scripts/onebit_train.py), against torch.optim.AdamW.
 """
@@ -15,8 +15,8 @@ import torch
 
 from tests.cli import REPO
 from tests.distributed import free_port, run_script
-from toolkit.onebit import OneBitAdam, ZeroOneAdam, build_optimizer
-from toolkit.onebit_comm import (
+from toolkit.parallel.onebit import OneBitAdam, ZeroOneAdam, build_optimizer
+from toolkit.parallel.onebit_comm import (
     compressed_allreduce,
     compressed_allreduce_bytes,
     error_buffers,
@@ -210,7 +210,7 @@ def test_build_optimizer_names_the_bad_field(spec: dict, message: str) -> None:
 def _allreduce_worker(rank: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
-    from toolkit.onebit_comm import WireCounter
+    from toolkit.parallel.onebit_comm import WireCounter
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     # Error feedback: 200 calls on fresh random tensors per rank (odd size, nonzero mean).

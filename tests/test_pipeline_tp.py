@@ -70,8 +70,8 @@ def test_two_stage_pipeline(tmp_path, prepared_data, init_weights) -> None:
 def test_autotp_matches_one_rank(tmp_path, prepared_data) -> None:
     import torch
 
-    from toolkit.load import load_model
-    from toolkit.models import build_model
+    from toolkit.plan.load import load_model
+    from toolkit.run.models import build_model
 
     weights = tmp_path / "llama"
     torch.manual_seed(0)

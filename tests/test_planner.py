@@ -9,10 +9,10 @@ import pytest
 
 from tests.cli import dstk
 from toolkit.errors import UserError
-from toolkit.layout import LayoutRequest, resolve_layout
-from toolkit.load import load_cluster, load_model
-from toolkit.planner import DEFAULT_MARGIN, plan
-from toolkit.rules import RULES
+from toolkit.plan.layout import LayoutRequest
+from toolkit.plan.load import load_cluster, load_model
+from toolkit.plan.planner import DEFAULT_MARGIN, plan
+from toolkit.plan.rules import RULES, resolve_layout
 
 BOTH = ("layout", "deepspeed")
 

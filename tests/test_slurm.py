@@ -16,9 +16,9 @@ import pytest
 
 from tests.cli import dstk
 from toolkit.errors import UserError
-from toolkit.launch import HOSTNAME, launcher_argv
-from toolkit.load import load_cluster
-from toolkit.slurm import BASH_HOSTNAME
+from toolkit.launcher.command import HOSTNAME, launcher_argv
+from toolkit.launcher.slurm import BASH_HOSTNAME
+from toolkit.plan.load import load_cluster
 
 HOSTILE_WORDS = [
     "a b",

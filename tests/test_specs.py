@@ -7,10 +7,11 @@ import json
 import pytest
 
 from toolkit.errors import UserError
-from toolkit.hf_config import to_hf_config
-from toolkit.load import load_cluster, load_model, model_from_params
-from toolkit.presets import preset_names
-from toolkit.specs import ClusterSpec, ModelSpec
+from toolkit.plan.hf_config import to_hf_config
+from toolkit.plan.load import load_cluster, load_model, model_from_params
+from toolkit.plan.params import count_params
+from toolkit.plan.presets import preset_names
+from toolkit.plan.specs import ClusterSpec, ModelSpec
 
 DESIGN_MODEL_PRESETS = [
     "gpt2",
@@ -41,15 +42,15 @@ def test_param_count_equals_hf_model_on_meta(name: str) -> None:
     config = AutoConfig.for_model(**to_hf_config(spec))
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    assert sum(p.numel() for p in model.parameters()) == spec.n_params()
+    assert sum(p.numel() for p in model.parameters()) == count_params(spec).total
 
 
 def test_known_published_counts() -> None:
-    assert load_model("gpt2").n_params() == 124_439_808
-    assert load_model("llama-7b").n_params() == 6_738_415_616
+    assert count_params(load_model("gpt2")).total == 124_439_808
+    assert count_params(load_model("llama-7b")).total == 6_738_415_616
     mixtral = load_model("mixtral-8x7b")
-    assert mixtral.n_params() == 46_702_792_704
-    assert 12.8e9 < mixtral.n_active_params() < 13.0e9  # "~12.9B active" (Jiang et al. 2024)
+    assert count_params(mixtral).total == 46_702_792_704
+    assert 12.8e9 < count_params(mixtral).active < 13.0e9  # "~12.9B active" (Jiang et al. 2024)
 
 
 def test_core_only_file_is_a_gpt_decoder(tmp_path) -> None:
@@ -132,13 +133,13 @@ def test_hf_config_json_counts_like_hf(tmp_path, hf: dict) -> None:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     assert spec.architecture == hf["model_type"]
-    assert spec.n_params() == sum(p.numel() for p in model.parameters())
+    assert count_params(spec).total == sum(p.numel() for p in model.parameters())
 
 
 @pytest.mark.parametrize("target", [7.5e9, 175e9, 1e12, 1.3e9])
 def test_params_builds_gpt3_shape_within_half_percent(target: float) -> None:
     spec = model_from_params(target)
-    assert abs(spec.n_params() / target - 1) < 0.005
+    assert abs(count_params(spec).total / target - 1) < 0.005
     assert spec.n_heads % 8 == 0 and spec.hidden_size % spec.n_heads == 0
 
 

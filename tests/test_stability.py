@@ -3,7 +3,7 @@ real 2-rank DeepSpeed runs (ZeRO-0 fp32 with a torch AdamW, the case where the e
 norm and dstk computes it).
 
 The runs share one module-scoped fixture: a clean run, a guarded run with two injected faults (a NaN loss at
-step 12, an unclipped ×1e4 gradient at step 24; see toolkit.stability.Fault for why unclipped), and each fault
+step 12, an unclipped ×1e4 gradient at step 24; see toolkit.run.stability.Fault for why unclipped), and each fault
 without the guard.
 """
 
@@ -20,7 +20,7 @@ from tests.cli import dstk
 from tests.conftest import train_args, zero_config
 from tests.distributed import TEST_MODEL, launch
 from toolkit.errors import UserError
-from toolkit.stability import MIN_HISTORY, Fault, GuardOptions, RobustBaseline, SpikeDetector
+from toolkit.run.stability import MIN_HISTORY, Fault, GuardOptions, RobustBaseline, SpikeDetector
 
 # --- the detector, pure --------------------------------------------------------------------------------------
 
@@ -188,7 +188,7 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 
 def _finished(job) -> bool:
-    """Exit 0, or gloo's occasional abort after a run that wrote its summary (see toolkit.runtime.shutdown)."""
+    """Exit 0, or gloo's occasional abort after a run that wrote its summary (see toolkit.run.runtime.shutdown)."""
     aborted = "terminate called without an active exception" in job.output
     return job.code == 0 or (aborted and (job.run_dir / "summary.json").is_file())
 

@@ -22,7 +22,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from toolkit.runtime import init_distributed, shutdown
+from toolkit.run.runtime import init_distributed, shutdown
 
 VOCAB, SEQ, MICRO, LR = 256, 32, 4, 3e-3
 STATES, SUCCESSORS = 16, 2
@@ -74,7 +74,7 @@ def make_engine(spec: dict[str, Any] | None, bf16: bool = False) -> tuple[Any, A
     import deepspeed
     import torch
 
-    from toolkit.onebit import attach_to_engine, build_optimizer
+    from toolkit.parallel.onebit import attach_to_engine, build_optimizer
 
     model = tiny_gpt2()
     if spec is None:
@@ -185,7 +185,7 @@ def attach_refusals(adamw_engine: Any) -> dict[str, str]:
     """What attach_to_engine says about engines it cannot serve: a torch optimizer, ZeRO stage 1."""
     import deepspeed
 
-    from toolkit.onebit import attach_to_engine, build_optimizer
+    from toolkit.parallel.onebit import attach_to_engine, build_optimizer
 
     said = {}
     try:
@@ -211,7 +211,7 @@ def main() -> None:
     parser.add_argument("--freeze-step", type=int, default=12)
     args = parser.parse_args()
     rt = init_distributed()
-    from toolkit.onebit_comm import ring_allreduce_bytes
+    from toolkit.parallel.onebit_comm import ring_allreduce_bytes
 
     adam = {"lr": LR, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}
     onebit = {"type": "onebit-adam", "params": {**adam, "freeze_step": args.freeze_step}}

@@ -8,9 +8,9 @@ import json
 import sys
 from pathlib import Path
 
-from toolkit.metrics import current_rss_bytes, peak_memory_bytes
-from toolkit.runtime import init_distributed, keep_large_blocks_in_mmap, seed_everything, shutdown
-from toolkit.specs import ModelSpec
+from toolkit.plan.specs import ModelSpec
+from toolkit.run.metrics import current_rss_bytes, peak_memory_bytes
+from toolkit.run.runtime import init_distributed, keep_large_blocks_in_mmap, seed_everything, shutdown
 
 
 def main(out: Path) -> None:
@@ -18,7 +18,7 @@ def main(out: Path) -> None:
     import torch
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
-    from toolkit.models import build_model
+    from toolkit.run.models import build_model
 
     rt = init_distributed()
     spec = ModelSpec(

@@ -91,7 +91,7 @@ def add_model_args(parser: argparse.ArgumentParser, required: bool = True) -> No
 
 
 def add_cluster_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
-    from toolkit.specs import ClusterSpec
+    from toolkit.plan.specs import ClusterSpec
 
     group = parser.add_argument_group("cluster")
     group.add_argument(
@@ -110,7 +110,7 @@ def add_cluster_args(parser: argparse.ArgumentParser, required: bool = True) -> 
 
 
 def add_layout_args(parser: argparse.ArgumentParser) -> None:
-    from toolkit.layout import LAYOUT_FLAGS, LayoutRequest
+    from toolkit.plan.layout import LAYOUT_FLAGS, LayoutRequest
 
     group = parser.add_argument_group("layout")
     for name, flag in LAYOUT_FLAGS.items():
@@ -131,7 +131,7 @@ def add_layout_args(parser: argparse.ArgumentParser) -> None:
 
 
 def model_from_args(args: argparse.Namespace) -> Any:
-    from toolkit.load import load_model, model_from_params
+    from toolkit.plan.load import load_model, model_from_params
 
     if args.params is not None:
         model = model_from_params(args.params, **({"seq_length": args.seq_length} if args.seq_length else {}))
@@ -140,7 +140,7 @@ def model_from_args(args: argparse.Namespace) -> Any:
 
 
 def cluster_from_args(args: argparse.Namespace) -> Any:
-    from toolkit.load import load_cluster
+    from toolkit.plan.load import load_cluster
 
     cluster = load_cluster(args.cluster, {name: getattr(args, name, None) for name in CLUSTER_OVERRIDES})
     note_local_cluster(args.cluster)
@@ -150,11 +150,11 @@ def cluster_from_args(args: argparse.Namespace) -> Any:
 def note_local_cluster(ref: str | None) -> None:
     """For `--cluster local`, say on stderr what was detected and whether a calibration was used (stdout
     stays the command's output, e.g. JSON)."""
-    from toolkit.load import LOCAL
+    from toolkit.plan.load import LOCAL
 
     if ref != LOCAL:
         return
-    from toolkit.hardware import local_cluster_data
+    from toolkit.plan.local import local_cluster_data
 
     _, summary, warnings = local_cluster_data()
     for line in (summary, *warnings):
@@ -162,8 +162,8 @@ def note_local_cluster(ref: str | None) -> None:
 
 
 def layout_request_from_args(args: argparse.Namespace) -> Any:
-    from toolkit.layout import LAYOUT_FLAGS, LayoutRequest
-    from toolkit.load import build
+    from toolkit.plan.layout import LAYOUT_FLAGS, LayoutRequest
+    from toolkit.plan.load import build
 
     given = {name: getattr(args, name) for name in LAYOUT_FLAGS if getattr(args, name, None) is not None}
     return build(LayoutRequest, given, "layout", labels=LAYOUT_FLAGS)
@@ -180,7 +180,7 @@ def add_target_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def scopes_from_args(args: argparse.Namespace) -> tuple[str, ...]:
-    """Rule scopes (toolkit.rules.Rule.scope) the target runtime must respect."""
+    """Rule scopes (toolkit.plan.rules.Rule.scope) the target runtime must respect."""
     return ("layout", "deepspeed") if getattr(args, "target", "deepspeed") == "deepspeed" else ("layout",)
 
 

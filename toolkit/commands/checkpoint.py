@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from toolkit.universal import convert
+    from toolkit.run.universal import convert
 
     tag_dir = convert(args.checkpoint, args.out, args.tag)
     print(

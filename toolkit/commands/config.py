@@ -1,6 +1,6 @@
 """`dstk config`: write the DeepSpeed config for a layout (given by flags, or chosen with --plan), and the
 settings of the runtime that will run it: HF Trainer (`--hf-trainer`), Accelerate (`--accelerate`) or
-Megatron-DeepSpeed (`--megatron`); see :mod:`toolkit.ecosystem`.
+Megatron-DeepSpeed (`--megatron`); see :mod:`toolkit.integrations.targets`.
 
 Imports DeepSpeed lazily, only to validate what it writes.
 """
@@ -26,7 +26,7 @@ from toolkit.commands import (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from toolkit.ds_config import ConfigOptions
+    from toolkit.integrations.ds_config import ConfigOptions
 
     add_model_args(parser)
     add_cluster_args(parser)
@@ -137,15 +137,15 @@ def _write_text(path: Path, text: str) -> None:
 def _write_targets(
     args: argparse.Namespace, model: Any, cluster: Any, layout: Any, cfg: dict[str, Any]
 ) -> None:
-    """Write the files of the runtime(s) asked for (see toolkit.ecosystem); everything is built first, so a
+    """Write the files of the runtime(s) asked for (see toolkit.integrations.targets); everything is built first, so a
     refusal leaves no partial output behind."""
-    from toolkit import ds_config
-    from toolkit.ecosystem import without_dstk_block
+    from toolkit.integrations import ds_config
+    from toolkit.integrations.targets import without_dstk_block
 
     files: dict[Path, str] = {args.output: ds_config.dumps(without_dstk_block(cfg))}
     stdout = ""
     if args.megatron:
-        from toolkit.ecosystem import megatron
+        from toolkit.integrations import megatron
 
         megatron_cfg = megatron.megatron_ds_config(cfg, layout)
         if args.validate:
@@ -154,13 +154,13 @@ def _write_targets(
         files[args.output] = ds_config.dumps(megatron_cfg)
         stdout = shlex.join(megatron.megatron_args(model, cluster, layout, cfg, args.output)) + "\n"
     elif args.hf_trainer:
-        from toolkit.ecosystem.hf_trainer import hf_trainer_files
+        from toolkit.integrations.hf_trainer import hf_trainer_files
 
         hf_cfg, training_args = hf_trainer_files(cfg, cluster, layout)
         files[args.output] = ds_config.dumps(hf_cfg)
         files[_companion(args.output, ".training_args.json")] = ds_config.dumps(training_args)
     if args.accelerate:
-        from toolkit.ecosystem import accelerate
+        from toolkit.integrations import accelerate
 
         yaml_text = accelerate.dumps(accelerate.accelerate_config(cluster, layout, args.output))
         files[_companion(args.output, ".accelerate.yaml")] = yaml_text
@@ -171,7 +171,7 @@ def _write_targets(
 
 
 def _validate(cfg: dict[str, Any], world_size: int, accelerator: str) -> None:
-    from toolkit.validate import validate_config
+    from toolkit.integrations.validate import validate_config
 
     problems = validate_config(cfg, world_size, accelerator)
     if problems:  # dstk generated something DeepSpeed refuses: our bug, not the user's
@@ -181,11 +181,11 @@ def _validate(cfg: dict[str, Any], world_size: int, accelerator: str) -> None:
 def _check_inputs(args: argparse.Namespace, model: Any, cluster: Any) -> None:
     """What a target runtime refuses whatever the layout (before planning)."""
     if args.accelerate:
-        from toolkit.ecosystem.accelerate import check_cluster
+        from toolkit.integrations.accelerate import check_cluster
 
         check_cluster(cluster)
     if args.megatron:
-        from toolkit.ecosystem.megatron import check_model
+        from toolkit.integrations.megatron import check_model
 
         check_model(model)
 
@@ -193,24 +193,24 @@ def _check_inputs(args: argparse.Namespace, model: Any, cluster: Any) -> None:
 def _check_layout(args: argparse.Namespace, model: Any, layout: Any) -> None:
     """What a target runtime cannot run as planned (ecosystem.hf_trainer / ecosystem.megatron)."""
     if args.hf_trainer or args.accelerate:
-        from toolkit.ecosystem.hf_trainer import check_layout
+        from toolkit.integrations.hf_trainer import check_layout
 
         check_layout(model, layout, "--hf-trainer" if args.hf_trainer else "--accelerate")
     if args.megatron:
-        from toolkit.ecosystem.megatron import check_layout as check_megatron
+        from toolkit.integrations.megatron import check_layout as check_megatron
 
         check_megatron(model, layout)
 
 
 def _layout(args: argparse.Namespace, model: Any, cluster: Any) -> Any:
     """The layout the flags describe, or with --plan the planner's choice under them as constraints."""
-    from toolkit.layout import resolve_layout
+    from toolkit.plan.rules import resolve_layout
 
     request = layout_request_from_args(args)
     scopes = scopes_from_args(args)
     if not args.plan:
         return resolve_layout(model, cluster, request, scopes)
-    from toolkit.planner import DEFAULT_MARGIN, nothing_fits_message, plan
+    from toolkit.plan.planner import DEFAULT_MARGIN, nothing_fits_message, plan
 
     fixed = request.model_dump(exclude_unset=True)
     if args.hf_trainer or args.accelerate:  # layouts they cannot run are not worth planning
@@ -224,9 +224,9 @@ def _layout(args: argparse.Namespace, model: Any, cluster: Any) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from toolkit import ds_config
-    from toolkit.estimate import estimate
-    from toolkit.load import build
+    from toolkit.integrations import ds_config
+    from toolkit.plan.cost.estimate import estimate
+    from toolkit.plan.load import build
 
     _check_targets(args)
     if args.megatron:

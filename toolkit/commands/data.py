@@ -130,7 +130,7 @@ def prepare_options(args: argparse.Namespace) -> Any:
     from toolkit.data.mix import parse_mix
     from toolkit.data.options import PrepareOptions
     from toolkit.errors import UserError
-    from toolkit.load import build
+    from toolkit.plan.load import build
 
     sub = {}
     for model in _option_models():

@@ -30,19 +30,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from toolkit.estimate import estimate
-    from toolkit.layout import resolve_layout
+    from toolkit.plan.cost.estimate import estimate
+    from toolkit.plan.rules import resolve_layout
 
     model, cluster = model_from_args(args), cluster_from_args(args)
     layout = resolve_layout(model, cluster, layout_request_from_args(args))
-    from toolkit.zero_knobs import deepspeed_default_knobs
+    from toolkit.plan.zero_knobs import deepspeed_default_knobs
 
     knobs = deepspeed_default_knobs(layout) if args.zero_buckets == "deepspeed" else None
     result = estimate(model, cluster, layout, knobs)
     if args.json:
         print_json(result.to_dict())
     else:
-        from toolkit.report import print_estimate
+        from toolkit.report.render import print_estimate
 
         print_estimate(result)
     return 0

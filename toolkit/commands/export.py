@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from toolkit.export import export
+    from toolkit.run.export import export
 
     out = export(model_from_args(args), args.checkpoint, args.out, args.tag, args.tokenizer)
     print(f"wrote {out}")

@@ -1,5 +1,5 @@
-"""`dstk grow`: grow a trained model in depth and/or width (toolkit.grow), print the re-plan for the grown model
-(toolkit.progressive.replan), or run a train → grow → train schedule (toolkit.progressive.run_schedule)."""
+"""`dstk grow`: grow a trained model in depth and/or width (toolkit.run.grow), print the re-plan for the grown model
+(toolkit.plan.growth.replan), or run a train → grow → train schedule (toolkit.plan.growth.run_schedule)."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(
                 f"--schedule: the schedule names the models and directories; drop {', '.join(given)}"
             )
-        from toolkit.progressive import load_schedule, run_schedule
+        from toolkit.plan.growth import load_schedule, run_schedule
 
         run_schedule(load_schedule(args.schedule), dry_run=args.dry_run)
         return 0
@@ -107,8 +107,8 @@ def run(args: argparse.Namespace) -> int:
 def _grow(args: argparse.Namespace) -> int:
     from toolkit.commands import CLUSTER_OVERRIDES, cluster_from_args, layout_request_from_args
     from toolkit.errors import UserError
-    from toolkit.load import load_model
-    from toolkit.progressive import replan
+    from toolkit.plan.growth import replan
+    from toolkit.plan.load import load_model
 
     target = load_model(args.to)
     from_model = load_model(args.from_model) if args.from_model else None
@@ -119,7 +119,7 @@ def _grow(args: argparse.Namespace) -> int:
     if args.out.exists() and any(args.out.iterdir()):
         raise UserError(f"--out: {args.out} exists and is not empty")
 
-    from toolkit.grow import grow
+    from toolkit.run.grow import grow
 
     result = grow(
         args.source,

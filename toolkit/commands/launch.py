@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     import yaml
 
     from toolkit.errors import UserError
-    from toolkit.launch import deepspeed_command, hostfile_text
+    from toolkit.launcher.command import deepspeed_command, hostfile_text
 
     if args.max_restarts < 0:
         raise UserError("--max-restarts: must not be negative")
@@ -205,7 +205,7 @@ def _write_slurm(args: argparse.Namespace, cluster: object) -> int:
 
     import yaml
 
-    from toolkit.slurm import SlurmOptions, sbatch_script
+    from toolkit.launcher.slurm import SlurmOptions, sbatch_script
 
     run_dir = args.run_dir.resolve()
     program = _program(args, run_dir / "cluster.yaml")

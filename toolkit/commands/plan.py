@@ -101,8 +101,8 @@ def plan_to_dict(plan: Any, ds_config: dict[str, Any], training: dict[str, Any] 
 
 def _cost_inputs(args: argparse.Namespace) -> dict[str, Any] | None:
     """The validated cost flags (before any search, so a typo fails fast), or None without --tokens."""
-    from toolkit.cost_report import DEFAULT_PUE, parse_mfu, parse_tokens
     from toolkit.errors import UserError
+    from toolkit.report.cost import DEFAULT_PUE, parse_mfu, parse_tokens
 
     if args.tokens is None:
         for flag in ("price_per_gpu_hour", "mfu", "pue"):
@@ -126,11 +126,12 @@ def _cost_inputs(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def _training(inputs: dict[str, Any], model: Any, cluster: Any, best: Any) -> dict[str, Any]:
-    """The `training` block: time, GPU-hours, energy and cost of the token budget (toolkit.cost_report)."""
-    from toolkit.cost_report import training_cost
+    """The `training` block: time, GPU-hours, energy and cost of the token budget (toolkit.report.cost)."""
+    from toolkit.plan.params import count_params
+    from toolkit.report.cost import training_cost
 
     cost = training_cost(
-        n_params=model.n_active_params(),
+        n_params=count_params(model).active,
         gpus=best.layout.world_size,
         peak_flops_per_gpu=cluster.peak_flops(best.layout.precision),
         plan_tokens_per_s=best.estimate.tokens_per_s,
@@ -141,10 +142,10 @@ def _training(inputs: dict[str, Any], model: Any, cluster: Any, best: Any) -> di
 
 
 def run(args: argparse.Namespace) -> int:
-    from toolkit.ds_config import build_ds_config
     from toolkit.errors import UserError
-    from toolkit.planner import DEFAULT_MARGIN, nothing_fits_message, plan
-    from toolkit.recipes import recipe_line
+    from toolkit.integrations.ds_config import build_ds_config
+    from toolkit.plan.planner import DEFAULT_MARGIN, nothing_fits_message, plan
+    from toolkit.plan.recipes import recipe_line
 
     model, cluster = model_from_args(args), cluster_from_args(args)
     request = layout_request_from_args(args)
@@ -156,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     global_batch = fixed.pop("global_batch_size", None)
     cost_inputs = _cost_inputs(args)
     if args.scaling_nodes:
-        from toolkit.cost_report import parse_node_counts
+        from toolkit.report.cost import parse_node_counts
 
         parse_node_counts(args.scaling_nodes)
     result = plan(model, cluster, fixed, global_batch=global_batch, margin=margin, scopes=scopes)
@@ -165,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
     training = None if cost_inputs is None else _training(cost_inputs, model, cluster, result.best)
     opts = None
     if cost_inputs is not None:
-        from toolkit.ds_config import ConfigOptions
+        from toolkit.integrations.ds_config import ConfigOptions
 
         # the schedule spans the token budget: warm-up and cosine decay are laid out over the whole run
         tokens_per_step = result.best.layout.global_batch_size * model.seq_length
@@ -174,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
     data = plan_to_dict(result, ds_config, training)
     data["recipe"] = recipe_line(ds_config, model)
     if args.elastic:
-        from toolkit.elastic import elastic_sizes, parse_range
+        from toolkit.plan.elastic import elastic_sizes, parse_range
 
         lo, hi = parse_range(args.elastic)
         sizes = elastic_sizes(model, cluster, result.best.layout, lo, hi, scopes)
@@ -194,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
     if args.report or args.scaling_nodes:
         from dataclasses import asdict
 
-        from toolkit.cost_report import default_node_counts, parse_node_counts, scaling_rows
+        from toolkit.report.cost import default_node_counts, parse_node_counts, scaling_rows
 
         counts = (
             parse_node_counts(args.scaling_nodes)
@@ -212,13 +213,13 @@ def run(args: argparse.Namespace) -> int:
         )
         data["scaling"] = [asdict(r) for r in rows]
     if args.report:
-        from toolkit.report import write_plan_report
+        from toolkit.report.render import write_plan_report
 
         write_plan_report(args.report, model, cluster, result, data)
     if args.json:
         print_json(data)
         return 0
-    from toolkit.report import print_estimate
+    from toolkit.report.render import print_estimate
 
     print_estimate(result.best.estimate, title=f"Plan for {model.name}")
     print("\nWhy:")

@@ -12,8 +12,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from toolkit.load import load_cluster, load_model
-    from toolkit.presets import preset_names
+    from toolkit.plan.load import load_cluster, load_model
+    from toolkit.plan.params import count_params
+    from toolkit.plan.presets import preset_names
 
     models = [load_model(name) for name in preset_names("models")]
     clusters = [load_cluster(name) for name in preset_names("clusters")] + [load_cluster("local")]
@@ -21,8 +22,8 @@ def run(args: argparse.Namespace) -> int:
         {
             "name": m.name,
             "architecture": m.architecture,
-            "n_params": m.n_params(),
-            "n_active_params": m.n_active_params(),
+            "n_params": count_params(m).total,
+            "n_active_params": count_params(m).active,
             "n_layers": m.n_layers,
             "hidden_size": m.hidden_size,
             "n_heads": m.n_heads,

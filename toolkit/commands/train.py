@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.commands import add_model_args
-from toolkit.stability import GuardOptions
+from toolkit.run.stability import GuardOptions
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -100,7 +100,7 @@ GUARD_FLAGS = {
 
 
 def _add_guard_arguments(parser: argparse.ArgumentParser) -> None:
-    """The spike guard's flags (toolkit.stability); their defaults are GuardOptions'."""
+    """The spike guard's flags (toolkit.run.stability); their defaults are GuardOptions'."""
     g = parser.add_argument_group("spike guard")
     g.add_argument(
         "--spike-guard",
@@ -213,16 +213,16 @@ def _guard_options(args: argparse.Namespace) -> GuardOptions | None:
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from toolkit.runtime import keep_large_blocks_in_mmap
+    from toolkit.run.runtime import keep_large_blocks_in_mmap
 
     keep_large_blocks_in_mmap()  # before torch is imported: see its docstring
 
     from toolkit.commands import model_from_args
     from toolkit.errors import UserError
-    from toolkit.load import load_cluster, read_mapping
-    from toolkit.stability import Fault
-    from toolkit.train import TrainRun, main
-    from toolkit.trainer import LoopOptions
+    from toolkit.plan.load import load_cluster, read_mapping
+    from toolkit.run.loop_state import LoopOptions
+    from toolkit.run.session import TrainRun, main
+    from toolkit.run.stability import Fault
 
     model = model_from_args(args)
     config = read_mapping(args.config)
@@ -238,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
     if args.init_from is not None and not args.init_from.is_dir():
         raise UserError(f"--init-from: {args.init_from} is not a directory")
     if args.init_from is not None and (args.init_from / "config.json").is_file():
-        from toolkit.models import check_init_from
+        from toolkit.run.models import check_init_from
 
         check_init_from(model, args.init_from)
     if args.data is not None and not args.data.is_dir():
@@ -309,7 +309,7 @@ def _exit_without_teardown() -> None:
 def _lora(flag: str | None, config: dict) -> str | None:
     """The LoRA spec from --lora or from the plan in the config (`dstk config --lora`); they must agree."""
     from toolkit.errors import UserError
-    from toolkit.lora import parse_lora
+    from toolkit.plan.lora import parse_lora
 
     planned = ((config.get("dstk") or {}).get("layout") or {}).get("lora")
     given = parse_lora(flag).text() if flag else None

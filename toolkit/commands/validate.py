@@ -17,8 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from toolkit.errors import UserError
-    from toolkit.load import read_mapping
-    from toolkit.validate import validate_config
+    from toolkit.integrations.validate import validate_config
+    from toolkit.plan.load import read_mapping
 
     if args.world_size <= 0:
         raise UserError(f"--world-size: {args.world_size} must be a positive number of ranks")

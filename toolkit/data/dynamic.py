@@ -81,7 +81,7 @@ def dynamic_options(config: dict[str, Any], given: dict[str, Any]) -> DynamicOpt
     — dstk does: with `enabled`, `max_tokens` is the token budget, `lr_scaling_method` the rule and
     `max_batch_size` the most sequences per micro-batch. None when nothing asks for dynamic batching."""
     from toolkit.errors import UserError
-    from toolkit.load import build
+    from toolkit.plan.load import build
 
     sampling = (config.get("data_efficiency") or {}).get("data_sampling") or {}
     block = sampling.get("dynamic_batching") or {}

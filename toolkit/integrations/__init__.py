@@ -1,0 +1,1 @@
+"""What dstk writes for other tools: DeepSpeed JSON, HF Trainer, Accelerate, Megatron-DeepSpeed; validation."""

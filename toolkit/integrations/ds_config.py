@@ -1,0 +1,266 @@
+"""Layout → the complete DeepSpeed config dict. The one place the DeepSpeed JSON is built.
+
+Every value is derived from the model, the cluster, the resolved layout or a published recipe
+(:mod:`toolkit.plan.recipes`); bucket and prefetch sizes come from :mod:`toolkit.plan.zero_knobs`, the same numbers the
+memory estimate assumed. Facts about DeepSpeed 0.19.8 this relies on:
+- the batch check is `train_batch_size == micro × accumulation × world / sequence_parallel_size`; AutoTP ranks are
+  *not* divided out (`deepspeed/__init__.py` builds the config before the TP groups exist), so with
+  `tensor_parallel.autotp_size = t` the config must count every TP rank: train_batch_size = global × t;
+- DeepSpeed ignores unknown top-level keys, so the config carries a `dstk` block for `dstk train`: the resolved
+  layout and model name it was planned for (recomputation, the predicted-vs-measured report) and, since
+  DeepSpeed dropped its 1-bit optimizers (issue #8489), dstk's own optimizer, which `dstk train` passes to
+  `deepspeed.initialize` as a client optimizer;
+- with CPU offload the engine swaps Adam for DeepSpeedCPUAdam (a JIT-built op); without offload on the CPU
+  accelerator `torch_adam` avoids building fused Adam.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from toolkit.plan import recipes
+from toolkit.plan.layout import Layout
+from toolkit.plan.params import count_params
+from toolkit.plan.specs import ClusterSpec, ModelSpec
+from toolkit.plan.zero_knobs import derive_zero_knobs
+
+DSTK_KEY = "dstk"
+
+
+class ConfigOptions(BaseModel):
+    """What a generated config needs beyond the layout: optimisation recipe, logging, paths."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    lr: float | None = Field(default=None, gt=0)
+    """Peak learning rate (default: GPT-3's for the model size)."""
+    train_steps: int = Field(default=10_000, gt=0)
+    """Optimizer steps the schedule spans (warm-up + cosine decay)."""
+    warmup_steps: int | None = Field(default=None, gt=0)
+    """Linear warm-up steps (default: GPT-3's 375M tokens, at most a tenth of the run)."""
+    weight_decay: float = Field(default=recipes.WEIGHT_DECAY, ge=0)
+    """AdamW weight decay."""
+    gradient_clipping: float = Field(default=recipes.GRADIENT_CLIPPING, ge=0)
+    """Global gradient-norm clipping threshold."""
+    log_dir: str = "runs/logs"
+    """Where TensorBoard and CSV monitors write."""
+    job_name: str = "dstk"
+    """Monitor job name."""
+    wandb: bool = False
+    """Enable DeepSpeed's wandb monitor (offline unless the user has configured wandb)."""
+    comms_logger: bool = False
+    """Enable DeepSpeed's communication logger (volumes and latencies per collective)."""
+    flops_profiler: bool = False
+    """Enable DeepSpeed's FLOPs profiler at step 10."""
+    steps_per_print: int = Field(default=10, gt=0)
+    """How often the engine prints its own progress line."""
+    nvme_path: str = "/local_nvme"
+    """Directory on local NVMe for ZeRO-Infinity swap files."""
+    freeze_step: int | None = Field(default=None, gt=0)
+    """1-bit Adam / 0/1 Adam full-precision warm-up steps (default: 20 % of train_steps, Tang et al. 2021)."""
+
+
+def _precision_block(layout: Layout) -> dict[str, Any]:
+    if layout.precision == "bf16":
+        return {"bf16": {"enabled": True}}
+    if layout.precision == "fp16":
+        return {
+            "fp16": {
+                "enabled": True,
+                "loss_scale": 0,
+                "initial_scale_power": 16,
+                "loss_scale_window": 1000,
+                "hysteresis": 2,
+                "min_loss_scale": 1,
+            }
+        }
+    return {}
+
+
+def _zero_block(
+    model: ModelSpec, cluster: ClusterSpec, layout: Layout, opts: ConfigOptions
+) -> dict[str, Any]:
+    knobs = derive_zero_knobs(model, layout)
+    zero: dict[str, Any] = {"stage": layout.zero_stage}
+    if layout.zero_stage == 0:
+        return zero
+    zero.update(
+        overlap_comm=knobs.overlap_comm,
+        contiguous_gradients=knobs.contiguous_gradients,
+        reduce_scatter=True,
+        reduce_bucket_size=knobs.reduce_bucket_size,
+    )
+    if layout.zero_stage in (1, 2):
+        zero["allgather_bucket_size"] = knobs.allgather_bucket_size
+    if layout.zero_stage == 3:
+        zero.update(
+            stage3_prefetch_bucket_size=knobs.stage3_prefetch_bucket_size,
+            stage3_param_persistence_threshold=knobs.stage3_param_persistence_threshold,
+            stage3_max_live_parameters=knobs.stage3_max_live_parameters,
+            stage3_max_reuse_distance=knobs.stage3_max_reuse_distance,
+            stage3_gather_16bit_weights_on_model_save=True,
+            sub_group_size=knobs.sub_group_size,
+        )
+    if layout.offload_optimizer != "none":
+        block: dict[str, Any] = {"device": layout.offload_optimizer, "pin_memory": True}
+        if layout.offload_optimizer == "nvme":
+            block.update(nvme_path=opts.nvme_path, buffer_count=4, fast_init=False)
+        zero["offload_optimizer"] = block
+    if layout.offload_param != "none":
+        block = {"device": layout.offload_param, "pin_memory": True}
+        if layout.offload_param == "nvme":
+            # every parameter must fit one swap buffer: size it to the largest (the word embedding)
+            largest = max(model.vocab_size * model.hidden_size // layout.tp, knobs.stage3_max_live_parameters)
+            block.update(nvme_path=opts.nvme_path, buffer_count=5, buffer_size=_round_up(largest, 2**20))
+        zero["offload_param"] = block
+    if layout.zeropp:
+        zero.update(
+            zero_hpz_partition_size=hpz_partition_size(cluster, layout),
+            zero_quantized_weights=True,
+            zero_quantized_gradients=True,
+        )
+    return zero
+
+
+def hpz_partition_size(cluster: ClusterSpec, layout: Layout) -> int:
+    """ZeRO++'s secondary weight partition spans the data-parallel ranks of one node (Wang et al. 2023, §3.2)."""
+    return max(1, min(layout.dp, cluster.gpus_per_node // (layout.tp * layout.sp)))
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return int(math.ceil(n / multiple) * multiple)
+
+
+def _optimizer_blocks(
+    model: ModelSpec, cluster: ClusterSpec, layout: Layout, opts: ConfigOptions
+) -> dict[str, Any]:
+    lr = opts.lr or recipes.peak_learning_rate(count_params(model).total)
+    tokens_per_step = layout.global_batch_size * model.seq_length
+    warmup = opts.warmup_steps or recipes.warmup_steps(tokens_per_step, opts.train_steps)
+    scheduler = {
+        "type": "WarmupCosineLR",
+        "params": {
+            "total_num_steps": opts.train_steps,
+            "warmup_num_steps": warmup,
+            "warmup_type": "linear",
+            "warmup_min_ratio": 0.0,
+            "cos_min_ratio": recipes.MIN_LR_RATIO,
+        },
+    }
+    adam = {
+        "lr": lr,
+        "betas": list(recipes.ADAM_BETAS),
+        "eps": recipes.ADAM_EPS,
+        "weight_decay": opts.weight_decay,
+    }
+    if layout.optimizer != "adamw":
+        freeze = opts.freeze_step or max(1, opts.train_steps // 5)
+        dstk_optimizer = {"type": layout.optimizer, "params": {**adam, "freeze_step": freeze}}
+        return {DSTK_KEY: {"optimizer": dstk_optimizer}, "scheduler": scheduler}
+    if cluster.accelerator == "cpu" and layout.offload_optimizer == "none":
+        adam["torch_adam"] = True  # no fused-Adam JIT build on the CPU accelerator
+    return {"optimizer": {"type": "AdamW", "params": adam}, "scheduler": scheduler}
+
+
+def _logging_blocks(opts: ConfigOptions) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "steps_per_print": opts.steps_per_print,
+        "wall_clock_breakdown": False,
+        "tensorboard": {
+            "enabled": True,
+            "output_path": f"{opts.log_dir}/tensorboard",
+            "job_name": opts.job_name,
+        },
+        "csv_monitor": {"enabled": True, "output_path": f"{opts.log_dir}/csv", "job_name": opts.job_name},
+        "wandb": {"enabled": opts.wandb, "project": "dstk"},
+        "comms_logger": {"enabled": opts.comms_logger, "verbose": False, "prof_all": True, "debug": False},
+        "flops_profiler": {
+            "enabled": opts.flops_profiler,
+            "profile_step": 10,
+            "module_depth": -1,
+            "top_modules": 1,
+            "detailed": False,
+            "output_file": None,
+        },
+    }
+    return out
+
+
+def build_ds_config(
+    model: ModelSpec, cluster: ClusterSpec, layout: Layout, opts: ConfigOptions | None = None
+) -> dict[str, Any]:
+    """The complete DeepSpeed config for `layout` (see module docstring for the DeepSpeed facts used)."""
+    opts = opts or ConfigOptions()
+    batch_ranks = layout.tp  # AutoTP peers count in DeepSpeed's batch check (module docstring)
+    cfg: dict[str, Any] = {
+        "train_batch_size": layout.global_batch_size * batch_ranks,
+        "train_micro_batch_size_per_gpu": layout.micro_batch_size,
+        "gradient_accumulation_steps": layout.gradient_accumulation_steps,
+        "gradient_clipping": opts.gradient_clipping,
+        "zero_optimization": _zero_block(model, cluster, layout, opts),
+        "checkpoint": {"tag_validation": "WARN", "load_universal": False, "use_node_local_storage": False},
+        **_precision_block(layout),
+        **_optimizer_blocks(model, cluster, layout, opts),
+        **_logging_blocks(opts),
+    }
+    from toolkit.plan.checkpoint_interval import checkpoint_plan
+    from toolkit.plan.cost.estimate import estimate
+
+    ckpt = checkpoint_plan(model, cluster, layout, estimate(model, cluster, layout).time.total_s)
+    cfg[DSTK_KEY] = {
+        "model": model.name,
+        "layout": layout.model_dump(),
+        "checkpoint_interval_steps": ckpt.interval_steps,
+        **cfg.get(DSTK_KEY, {}),
+    }
+    if layout.tp > 1:
+        cfg["tensor_parallel"] = {"autotp_size": layout.tp}
+    if model.architecture == "mixtral" and layout.ep > 1:
+        # HF's own MoE blocks are sharded by DeepSpeed's AutoEP; dense models made MoE by dstk pass ep_size
+        # to deepspeed.moe.layer.MoE in code instead (toolkit/parallel/moe.py)
+        cfg["expert_parallel"] = {"enabled": True, "autoep_size": layout.ep, "preset_model": "mixtral"}
+    if layout.sp > 1:
+        cfg["sequence_parallel_size"] = layout.sp
+    if layout.pp > 1:
+        cfg["pipeline"] = {
+            "stages": layout.pp,
+            "partition": "parameters",
+            "seed_layers": False,
+            "activation_checkpoint_interval": 1 if layout.recompute == "full" else 0,
+        }
+    if layout.recompute != "none":
+        cfg["activation_checkpointing"] = {
+            "partition_activations": layout.tp > 1,
+            "contiguous_memory_optimization": False,
+            "cpu_checkpointing": False,
+            "number_checkpoints": None,
+            "synchronize_checkpoint_boundary": False,
+            "profile": False,
+        }
+    if "nvme" in (layout.offload_optimizer, layout.offload_param):
+        cfg["aio"] = {
+            "block_size": 1048576,
+            "queue_depth": 8,
+            "thread_count": 1,
+            "single_submit": False,
+            "overlap_events": True,
+        }
+    return cfg
+
+
+def dumps(cfg: dict[str, Any]) -> str:
+    """Sorted keys, 2-space indent, trailing newline: generated files diff cleanly."""
+    return json.dumps(cfg, sort_keys=True, indent=2) + "\n"
+
+
+def write(cfg: dict[str, Any], path: Path) -> None:
+    """Write atomically, so a failed run never leaves half a config behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(dumps(cfg), encoding="utf-8")
+    tmp.replace(path)

@@ -1,0 +1,1 @@
+"""Starting jobs: deepspeed launcher command lines, hostfiles and SLURM scripts (no torch)."""

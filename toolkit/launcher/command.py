@@ -1,0 +1,225 @@
+"""Hostfiles and `deepspeed` launcher commands, built as argument lists (pure; no processes started here).
+
+Everything that reaches a shell or a remote host is validated: hostnames and interface names must be plain
+DNS/identifier strings, so a hostile value (spaces, `;`, `$()`) is refused rather than quoted into a command
+that pdsh or ssh would interpret again on the far side.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from toolkit.errors import UserError
+from toolkit.plan.specs import ClusterSpec
+
+HOSTNAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,252})$")
+IDENTIFIER = re.compile(r"^[A-Za-z0-9_.:-]+$")
+
+
+def check_hostname(name: str, field: str = "hostnames") -> str:
+    if not HOSTNAME.match(name):
+        raise UserError(f"{field}: {name!r} is not a valid hostname (letters, digits, '.', '-', '_' only)")
+    return name
+
+
+def hosts(cluster: ClusterSpec) -> list[str]:
+    names = cluster.hostnames or (["localhost"] if cluster.nodes == 1 else None)
+    if names is None:
+        raise UserError(
+            f"hostnames: cluster {cluster.name} has {cluster.nodes} nodes; list their hostnames in the cluster file"
+        )
+    return [check_hostname(h) for h in names]
+
+
+def hostfile_text(cluster: ClusterSpec) -> str:
+    """MPI-style hostfile: one `host slots=N` line per node."""
+    return "".join(f"{h} slots={cluster.gpus_per_node}\n" for h in hosts(cluster))
+
+
+def parse_hostfile(text: str) -> list[tuple[str, int]]:
+    """(host, slots) per line, as DeepSpeed's runner reads it; comments and blank lines ignored."""
+    out: list[tuple[str, int]] = []
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = re.fullmatch(r"(\S+)\s+slots=(\d+)", line)
+        if not m:
+            raise UserError(f"hostfile line {lineno}: {raw.strip()!r} is not 'HOST slots=N'")
+        host, slots = check_hostname(m.group(1), f"hostfile line {lineno}"), int(m.group(2))
+        if slots <= 0:
+            raise UserError(f"hostfile line {lineno}: slots must be positive")
+        if any(h == host for h, _ in out):
+            raise UserError(f"hostfile line {lineno}: host {host} is listed twice")
+        out.append((host, slots))
+    if not out:
+        raise UserError("hostfile: no hosts")
+    return out
+
+
+@dataclass(frozen=True)
+class ShellVar:
+    """A launcher word whose value is only known when the job runs (e.g. the SLURM job's first host).
+
+    Rendered as a double-quoted expansion, `"${NAME}"`, so whatever the variable holds stays one word.
+    """
+
+    name: str
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.name):
+            raise ValueError(f"ShellVar: {self.name!r} is not a shell variable name")
+
+
+Word = str | ShellVar
+
+
+def shell_word(word: Word) -> str:
+    """One argv word as shell source: `shlex.quote` for literals, `"${NAME}"` for run-time variables."""
+    return f'"${{{word.name}}}"' if isinstance(word, ShellVar) else shlex.quote(word)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A `deepspeed` launcher invocation and the environment it needs."""
+
+    argv: list[Word]
+    env: dict[str, str]
+
+    def shell(self) -> str:
+        prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        return (prefix + " " if prefix else "") + " ".join(shell_word(a) for a in self.argv)
+
+
+def network_env(cluster: ClusterSpec) -> dict[str, str]:
+    env: dict[str, str] = {}
+    if cluster.network_interface:
+        if not IDENTIFIER.match(cluster.network_interface):
+            raise UserError(f"network_interface: {cluster.network_interface!r} is not an interface name")
+        env.update(NCCL_SOCKET_IFNAME=cluster.network_interface, GLOO_SOCKET_IFNAME=cluster.network_interface)
+    return env
+
+
+MPI_LAUNCHERS = frozenset({"openmpi", "mpich", "impi", "mvapich"})
+"""DeepSpeed backends that start every rank through `mpirun`; DeepSpeed 0.19.8 refuses `--num_nodes`,
+`--num_gpus`, `--include` and `--exclude` with them (`multinode_runner.py`, `validate_args`): the hostfile's
+slots say how many ranks run where."""
+
+REMOTE_SHELL_SAFE = re.compile(r"[A-Za-z0-9_./:=,+@%-]+(?: [A-Za-z0-9_./:=,+@%-]+)*")
+"""Words DeepSpeed's pdsh backend can forward intact. It joins the program and its arguments into the command
+line of a remote shell, wrapping a word in double quotes only when it contains a space
+(`PDSHRunner.parse_user_args`), and puts the working directory there as a bare `cd DIR;`. So `;`, `$()`,
+backticks, quotes, globs or newlines in any of them would be interpreted again on every node."""
+
+
+def check_remote_shell_words(words: list[str], cwd: str) -> None:
+    """Refuse what DeepSpeed's pdsh backend would hand to a remote shell unquoted (see REMOTE_SHELL_SAFE)."""
+    for word in words:
+        if not REMOTE_SHELL_SAFE.fullmatch(word):
+            raise UserError(
+                f"program: {word!r} would be re-parsed by the remote shell DeepSpeed's pdsh launcher starts on "
+                "every node (it does not quote arguments); use letters, digits, spaces and ._/:=,+@%- only, or "
+                "launcher openmpi/slurm in the cluster file"
+            )
+    if not re.fullmatch(r"[A-Za-z0-9_./:=,+@%-]+", cwd):
+        raise UserError(
+            f"working directory: {cwd!r} reaches every node as a bare `cd` through DeepSpeed's pdsh launcher; "
+            "launch from a directory whose path has only letters, digits and ._/:=,+@%-"
+        )
+
+
+def launcher_argv(
+    cluster: ClusterSpec,
+    program: list[str],
+    *,
+    hostfile: str | None,
+    master_addr: Word | None,
+    master_port: int = 29500,
+    include: str | None = None,
+    exclude: str | None = None,
+    cwd: str,
+) -> list[Word]:
+    """The `deepspeed` argv for `program` (`["-m", "module", ...]`, `["script.py", ...]`, or dstk train args).
+
+    `hostfile` None means one local node. `--no_local_rank`: dstk reads LOCAL_RANK from the environment. On
+    the CPU accelerator `--num_gpus` is required: without it the launcher counts NUMA nodes and starts one
+    rank. DeepSpeed refuses `--num_nodes/--num_gpus` together with `--include/--exclude` ("Cannot specify
+    num_nodes/gpus with include/exclude", runner.py), so a resource filter replaces them.
+    """
+    if include and exclude:
+        raise UserError("--include/--exclude: give one, not both")
+    multi = cluster.nodes > 1
+    mpi = multi and cluster.launcher in MPI_LAUNCHERS
+    argv: list[Word] = ["deepspeed"]
+    if hostfile is not None:
+        argv += ["--hostfile", hostfile]
+    if (include or exclude) and mpi:
+        raise UserError(
+            f"--include/--exclude: DeepSpeed's {cluster.launcher} backend does not support worker "
+            "include/exclusion; list only the wanted hosts instead"
+        )
+    if not (include or exclude or mpi):
+        argv += ["--num_nodes", str(cluster.nodes), "--num_gpus", str(cluster.gpus_per_node)]
+    argv += ["--master_port", str(master_port)]
+    if multi:
+        if master_addr is None:
+            raise UserError("master_addr: a multi-node launch needs the rank-0 host")
+        argv += ["--master_addr", master_addr, "--launcher", cluster.launcher]
+    for flag, value in (("--include", include), ("--exclude", exclude)):
+        if value:
+            if not re.fullmatch(r"[A-Za-z0-9._:,@-]+", value):
+                raise UserError(f"{flag}: {value!r} is not a NODE[:SLOTS][@NODE...] resource list")
+            argv += [flag, value]
+    module = bool(program) and program[0] in ("-m", "--module")
+    if module:
+        if len(program) < 2:
+            raise UserError("-m: a module name must follow")
+        words = [program[1], *program[2:]]
+        argv += ["--no_local_rank", "--module"]
+    elif program and program[0].endswith(".py"):
+        words = list(program)
+    else:
+        module, words = True, ["toolkit.cli", "train", *program]
+        argv += ["--no_local_rank", "--module"]
+    if multi and cluster.launcher == "slurm" and module:
+        raise UserError(
+            "launcher: DeepSpeed's slurm backend runs `python SCRIPT` and ignores --module (multinode_runner.py); "
+            "give a .py script, or use launcher pdsh in the cluster file"
+        )
+    if multi and cluster.launcher == "pdsh":
+        check_remote_shell_words(words, cwd)
+    return argv + words
+
+
+def deepspeed_command(
+    cluster: ClusterSpec,
+    hostfile: Path,
+    program: list[str],
+    *,
+    master_port: int = 29500,
+    include: str | None = None,
+    exclude: str | None = None,
+    cwd: str | None = None,
+) -> Launch:
+    """The launcher command for a cluster whose hosts are known now (its `hostnames`, or localhost).
+
+    A single local node gets no `--hostfile`: with one, DeepSpeed's runner treats the job as multi-node and
+    insists on ssh to localhost. `cwd` is where the launcher will run (default: here).
+    """
+    names = hosts(cluster)
+    master = check_hostname(cluster.master_addr or names[0], "master_addr") if cluster.nodes > 1 else None
+    argv = launcher_argv(
+        cluster,
+        program,
+        hostfile=None if names == ["localhost"] else str(hostfile),
+        master_addr=master,
+        master_port=master_port,
+        include=include,
+        exclude=exclude,
+        cwd=cwd if cwd is not None else os.getcwd(),
+    )
+    return Launch(argv=argv, env=network_env(cluster))

@@ -1,0 +1,94 @@
+"""From the measurements of `toolkit.run.calibrate` (one dict per rank) to the cluster description the planner
+reads: the slowest rank's figure wherever ranks differ, efficiencies at the precision training will run in.
+Pure: the probes that produce the measurements live in the run half."""
+
+from __future__ import annotations
+
+import os
+import statistics
+from typing import Any
+
+from toolkit.plan.cost.compute import kernels_per_block
+from toolkit.plan.specs import ModelSpec
+
+
+def _kernel_us(result: dict[str, Any]) -> float:
+    """Host cost per kernel as the cost model counts kernels: one block's measured host cost per micro-batch
+    over the kernels its forward and backward issue (3 × `kernels_per_block`); one bare eager op if the
+    probe's difference drowned in noise."""
+
+    probe = ModelSpec(
+        name="probe",
+        architecture="gpt2",
+        n_layers=1,
+        hidden_size=32,
+        n_heads=2,
+        vocab_size=128,
+        seq_length=16,
+    )
+    per_kernel = result["engine"]["block_s"] / (3 * kernels_per_block(probe)) * 1e6
+    return per_kernel if per_kernel > result["op_us"] else result["op_us"]
+
+
+def _total_memory_gib() -> float:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+
+
+def cluster_description(results: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    """A cluster YAML from the measurements: the slowest rank's figure wherever ranks differ."""
+    ranks = len(results)
+    accel = results[0]["accelerator"]
+    sixteen = "bf16" if results[0]["supports_bf16"] or accel == "cpu" else "fp16"
+    precision = results[0]["precision"]
+    peak = min(r["large_tflops"][sixteen] for r in results)
+    fp32 = min(r["large_tflops"]["fp32"] for r in results)
+    # efficiencies at the precision training will run in (the fastest one), as the cost model applies them
+    eff = min(r["training_tflops"][precision] / r["large_tflops"][precision] for r in results)
+    attention = min(r["attention_tflops"] / r["large_tflops"][precision] for r in results)
+    coll = {
+        name: {
+            "bus_gb_per_s": min(r["collectives"][name]["bus_gb_per_s"] for r in results),
+            "latency_us": statistics.median(r["collectives"][name]["latency_us"] for r in results),
+        }
+        for name in results[0]["collectives"]
+    }
+    # all-reduce is the collective everyone quotes (nccl-tests); the others are kept beside it because on gloo
+    # they differ several-fold
+    busbw = coll["all_reduce"]["bus_gb_per_s"] if coll else 100.0
+    latency = statistics.median(c["latency_us"] for c in coll.values()) if coll else 10.0
+    total_ram = _total_memory_gib()
+    desc: dict[str, Any] = {
+        "name": name,
+        "nodes": 1,
+        "gpus_per_node": ranks,
+        "accelerator": accel,
+        "gpu_memory_gib": round(0.9 * total_ram / ranks, 2)
+        if accel == "cpu"
+        else round(min(r["device_memory_gib"] for r in results), 2),
+        "gpu_peak_tflops": round(peak, 4),
+        "gpu_fp32_peak_tflops": round(fp32, 4),
+        "supports_bf16": bool(results[0]["supports_bf16"]),
+        "supports_fp16": accel != "cpu",
+        "gpu_memory_gb_per_s": round(min(r["elementwise_gb_per_s"] for r in results), 2),
+        "gpu_matmul_efficiency": round(min(eff, 1.0), 3),
+        "attention_efficiency": round(min(attention, 1.0), 3),
+        "intra_node_gb_per_s": round(busbw, 3),
+        "inter_node_gb_per_s": round(busbw, 3),
+        "pcie_gb_per_s": round(min(r.get("pcie_gb_per_s", r["copy_gb_per_s"]) for r in results), 2),
+        "cpu_memory_gib": round(total_ram, 1),
+        "cpu_memory_gb_per_s": round(sum(r["copy_gb_per_s"] for r in results), 2),
+        "nvme_gib": 0,
+        "collective_latency_us": round(latency, 1),
+        "collective_bus_gb_per_s": {k: round(v["bus_gb_per_s"], 3) for k, v in coll.items()} or None,
+        "kernel_launch_us": round(max(_kernel_us(r) for r in results), 2),
+        "framework_overhead_gib": round(max(r["engine"]["rss_gib"] for r in results), 3),
+        "step_overhead_ms": round(max(r["engine"]["step_s"] for r in results) * 1e3, 2),
+    }
+    if results[0].get("optimizer_ns_per_param"):
+        desc["optimizer_ns_per_param"] = {
+            path: round(max(r["optimizer_ns_per_param"][path] for r in results), 2)
+            for path in results[0]["optimizer_ns_per_param"]
+        }
+    if results[0].get("nvme_gb_per_s"):
+        desc["nvme_gb_per_s"] = round(results[0]["nvme_gb_per_s"], 2)
+    return desc

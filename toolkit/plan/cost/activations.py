@@ -1,0 +1,102 @@
+"""Activation memory per rank: what autograd keeps between forward and backward.
+
+The per-layer terms generalise Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+Transformer Models", §4, eq. 1-2) from GPT-style blocks to grouped-query attention, gated MLPs, models without
+dropout and MoE blocks. For a GPT block (MHA, 4h GeLU MLP, dropout) in 16-bit precision they reduce exactly to
+the paper's `s·b·h·(34 + 5·a·s/h)` bytes; with tensor parallelism to `s·b·h·(10 + 24/t + 5·a·s/(h·t))`; with
+tensor + sequence parallelism to `s·b·h·(34 + 5·a·s/h)/t`; with selective recomputation (the attention core
+is recomputed, as FlashAttention does by construction) the `a·s²` terms vanish; with full recomputation only
+the block input is kept (`2·s·b·h`), plus one block's activations rebuilt during its backward.
+
+Pipelines keep several micro-batches in flight: with 1F1B, stage i of p holds min(p - i, m) of them, so the
+first stage holds p (Narayanan et al. 2021, §2.2.1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from toolkit.plan.specs import ModelSpec
+
+MASK_BYTES = 1  # dropout masks are stored as bytes (Korthikanti et al., §4.1)
+
+
+@dataclass(frozen=True)
+class ActivationTerms:
+    """Bytes one block keeps for one micro-batch on one rank, split by how tensor parallelism treats them."""
+
+    sharded: float
+    """Terms inside the TP region (divided by t)."""
+    replicated: float
+    """Norm inputs, the inputs of the first matmuls and residual dropout masks: replicated over TP unless
+    sequence parallelism shards them too."""
+    quadratic: float
+    """The a·s² terms of the attention core (softmax, its dropout): gone with selective recomputation."""
+
+    def per_rank(self, tp: int, sequence_parallel: bool) -> float:
+        replicated = self.replicated / tp if sequence_parallel else self.replicated
+        return replicated + (self.sharded + self.quadratic) / tp
+
+
+def _mlp_saved(model: ModelSpec) -> int:
+    """Tensors of the MLP's inner width autograd keeps: a fused GeLU (Megatron, nn.GELU) its input and the
+    second matmul's input, 2; a gated MLP gate, up, act(gate) and their product, 4; HF GPT-2's `gelu_new`
+    (tanh approximation written as eight elementwise ops) 5: its input x, tanh(·), 0.5·x, 1 + tanh(·) and the
+    output, which is the second matmul's input (counted with autograd's saved-tensor hooks on the HF module;
+    tests/test_estimate.py)."""
+    if model.gated_mlp:
+        return 4
+    return 5 if model.activation == "gelu_new" else 2
+
+
+def block_terms(model: ModelSpec, tokens: int, act_bytes: int, moe: bool) -> ActivationTerms:
+    """Activation terms of one block for `tokens` = s·b tokens at `act_bytes` per element."""
+    e, h, s = act_bytes, model.hidden_size, model.seq_length
+    q_width, kv_width = model.n_heads * model.head_dim, model.n_kv_heads * model.head_dim
+    mask = MASK_BYTES if model.dropout else 0
+    # Attention: Q and K for QKᵀ, V for the weighted sum, the input of the output projection.
+    sharded = e * (q_width + kv_width) + e * kv_width + e * q_width
+    # Softmax output (and, with dropout, its mask and dropped-out copy): b·a·s² elements, i.e. a·s per token.
+    per_token_scores = model.n_heads * s
+    quadratic = per_token_scores * (e + (mask + e if mask else 0))
+    # Two norm inputs, the QKV input, the MLP input, and two residual dropout masks.
+    replicated = 2 * e * h + e * h + e * h + 2 * mask * h
+    if moe:
+        ffn, routed = model.moe_ffn_hidden_size, model.moe_top_k * model.moe_capacity_factor
+        mlp = _mlp_saved(model) * e * ffn * routed
+        # dispatched tokens into the experts and their outputs before the combine
+        mlp += 2 * e * h * routed
+    else:
+        mlp = _mlp_saved(model) * e * model.ffn_hidden_size
+    sharded += mlp
+    return ActivationTerms(
+        sharded=sharded * tokens, replicated=replicated * tokens, quadratic=quadratic * tokens
+    )
+
+
+def block_bytes(
+    model: ModelSpec,
+    micro_batch: int,
+    act_bytes: int,
+    tp: int,
+    sequence_parallel: bool,
+    recompute: str,
+    moe: bool = False,
+) -> float:
+    """Bytes one block keeps for one micro-batch on one TP rank under the given recomputation."""
+    tokens = model.seq_length * micro_batch
+    if recompute == "full":
+        stored = act_bytes * model.hidden_size * tokens
+        return stored / tp if sequence_parallel else stored
+    terms = block_terms(model, tokens, act_bytes, moe)
+    if recompute == "selective":
+        terms = ActivationTerms(terms.sharded, terms.replicated, 0.0)
+    return terms.per_rank(tp, sequence_parallel)
+
+
+def logits_bytes(model: ModelSpec, micro_batch: int, act_bytes: int, tp: int) -> float:
+    """The LM head and HF's loss at the start of backward, `12·s·b·V` (vocabulary-parallel over TP): the
+    fp32 log-softmax the cross-entropy saved and the two fp32 logit-gradient tensors backward creates from
+    it, or, in bf16, the upcast logits beside them — measured on 2 CPU ranks for a 45M GPT-2, where this is
+    the peak of every ZeRO stage. (Megatron's fused vocabulary-parallel loss keeps 4·s·b·V; Korthikanti §4.)"""
+    return 12 * model.seq_length * micro_batch * model.vocab_size / tp

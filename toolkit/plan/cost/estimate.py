@@ -1,0 +1,332 @@
+"""The cost model: memory per rank, step time, throughput and MFU of one layout. Pure; no torch import.
+
+`estimate()` walks the pipeline stages (blocks spread evenly, embedding on the first stage, head on the
+last), computes each stage's memory and per-micro-batch time, and reports the most loaded stage's memory and
+the slowest stage's time. The formulas and their sources live in the modules this one combines:
+:mod:`toolkit.plan.cost.memory` (ZeRO states as DeepSpeed allocates them), :mod:`toolkit.plan.cost.activations` (Korthikanti
+et al. 2022), :mod:`toolkit.plan.cost.compute` (roofline GEMMs), :mod:`toolkit.plan.cost.timing` (communication and schedule),
+:mod:`toolkit.plan.cost.flops` (PaLM's MFU convention).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from toolkit.plan.cost import activations as act
+from toolkit.plan.cost.compute import stage_compute
+from toolkit.plan.cost.flops import hardware_flops_per_token, model_flops_per_token, model_tflops_per_gpu
+from toolkit.plan.cost.memory import GIB, Memory, rank_params, stage_memory
+from toolkit.plan.cost.timing import StageLoad, StepTime, step_time
+from toolkit.plan.layout import Layout
+from toolkit.plan.params import count_params, tensor_numels, zero_grad_partition
+from toolkit.plan.specs import ClusterSpec, ModelSpec
+from toolkit.plan.zero_knobs import ZeroKnobs, derive_zero_knobs
+
+HOST_USABLE = 0.9
+"""Share of a node's host memory offloaded states may take: the OS, the ranks' own processes and page cache
+need the rest."""
+
+
+def host_fits(memory: Memory, cluster: ClusterSpec) -> bool:
+    return memory.cpu_per_node <= HOST_USABLE * cluster.cpu_memory_gib * GIB
+
+
+def nvme_fits(memory: Memory, cluster: ClusterSpec) -> bool:
+    return memory.nvme_per_node <= cluster.nvme_gib * GIB
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Everything `dstk estimate` reports for one (model, cluster, layout)."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    layout: Layout
+    knobs: ZeroKnobs
+    memory: Memory
+    time: StepTime
+
+    @property
+    def capacity_bytes(self) -> float:
+        return self.cluster.gpu_memory_gib * GIB
+
+    @property
+    def fits_gpu(self) -> bool:
+        return self.memory.total <= self.capacity_bytes
+
+    @property
+    def fits_cpu(self) -> bool:
+        return host_fits(self.memory, self.cluster)
+
+    @property
+    def fits_nvme(self) -> bool:
+        return nvme_fits(self.memory, self.cluster)
+
+    @property
+    def fits(self) -> bool:
+        return self.fits_gpu and self.fits_cpu and self.fits_nvme
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.layout.global_batch_size * self.model.seq_length
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_per_step / self.time.total_s
+
+    @property
+    def tflops_per_gpu(self) -> float:
+        """Model TFLOP/s per accelerator (PaLM convention, no recomputation)."""
+        frozen = self.layout.lora is not None
+        return model_tflops_per_gpu(self.model, self.tokens_per_s, self.layout.world_size, frozen)
+
+    @property
+    def hardware_tflops_per_gpu(self) -> float:
+        """TFLOP/s per accelerator including recomputation (Megatron's reporting convention)."""
+        flops = hardware_flops_per_token(self.model, self.layout.recompute, self.layout.lora is not None)
+        return flops * self.tokens_per_s / self.layout.world_size / 1e12
+
+    @property
+    def mfu(self) -> float:
+        return self.tflops_per_gpu * 1e12 / self.cluster.peak_flops(self.layout.precision)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON of `dstk estimate --json` (documented in the README: the fields other tools read, plus breakdowns)."""
+        m, t = self.memory, self.time
+        return {
+            "model": self.model.name,
+            "cluster": self.cluster.name,
+            "n_params": count_params(self.model).total,
+            "n_active_params": count_params(self.model).active,
+            "layout": self.layout.model_dump(),
+            "memory_per_gpu_bytes": {
+                "params": m.params,
+                "gradients": m.gradients,
+                "optimizer_states": m.optimizer_states,
+                "activations": m.activations,
+                "buffers": m.buffers,
+                "framework_overhead": m.framework_overhead,
+                "step_transient": m.engine.step_transient,
+                "total": m.total,
+            },
+            "engine_model_states_bytes": {
+                "low_precision_params": m.engine.low_precision_params,
+                "master_params": m.engine.master_params,
+                "optimizer_moments": m.engine.optimizer_moments,
+                "gradients": m.engine.gradients,
+                "total": m.engine.device_bytes,
+            },
+            "gpu_memory_bytes": self.capacity_bytes,
+            "cpu_memory_per_node_bytes": m.cpu_per_node,
+            "nvme_per_node_bytes": m.nvme_per_node,
+            "fits": self.fits,
+            "fits_gpu": self.fits_gpu,
+            "fits_cpu": self.fits_cpu,
+            "fits_nvme": self.fits_nvme,
+            "step_time_s": t.total_s,
+            "step_time_breakdown_s": {
+                "compute": t.compute_s,
+                "pipeline_bubble": t.pipeline_bubble_s,
+                "model_parallel_comm": t.model_parallel_comm_s,
+                "data_parallel_comm": t.data_parallel_comm_s,
+                "optimizer": t.optimizer_s,
+                "offload": t.offload_s,
+            },
+            "tokens_per_s": self.tokens_per_s,
+            "tflops_per_gpu": self.tflops_per_gpu,
+            "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu,
+            "mfu": self.mfu,
+            "model_flops_per_token": model_flops_per_token(self.model, self.layout.lora is not None),
+            "zero_knobs": self.knobs.__dict__,
+            "params_per_rank": {"dense": m.rank.dense, "expert": m.rank.expert},
+        }
+
+
+def stage_blocks(model: ModelSpec, pp: int) -> list[tuple[int, int]]:
+    """(blocks, MoE blocks) per pipeline stage: blocks split evenly (earlier stages take the remainder),
+    block j is MoE when (j + 1) is a multiple of `moe_layer_interval`."""
+    per, extra = divmod(model.n_layers, pp)
+    out, start = [], 0
+    for i in range(pp):
+        n = per + (1 if i < extra else 0)
+        moe = sum(
+            1 for j in range(start, start + n) if model.is_moe and (j + 1) % model.moe_layer_interval == 0
+        )
+        out.append((n, moe))
+        start += n
+    return out
+
+
+def _per_micro_activations(model: ModelSpec, layout: Layout, blocks: int, moe_blocks: int) -> float:
+    """Activations one micro-batch leaves on a rank of a stage with `blocks` blocks (`moe_blocks` of them MoE)."""
+    e = layout.bytes_per_element
+    kwargs = dict(
+        micro_batch=layout.micro_batch_size,
+        act_bytes=e,
+        tp=layout.tp,
+        sequence_parallel=layout.tp_sequence_parallel,
+    )
+    per_micro = (blocks - moe_blocks) * act.block_bytes(model, recompute=layout.recompute, **kwargs)
+    per_micro += moe_blocks * act.block_bytes(model, recompute=layout.recompute, moe=True, **kwargs)
+    return per_micro
+
+
+def _stage_activations(
+    model: ModelSpec, layout: Layout, index: int, blocks: int, moe_blocks: int, per_micro: float
+) -> float:
+    """Activations a rank of stage `index` keeps at its peak: in-flight micro-batches × its blocks, plus the
+    rebuilt block of full recomputation, plus the logits on the last stage."""
+    e = layout.bytes_per_element
+    in_flight = min(layout.pp - index, layout.gradient_accumulation_steps) if layout.pp > 1 else 1
+    total = in_flight * per_micro
+    if layout.recompute == "full" and blocks:
+        total += act.block_bytes(
+            model,
+            layout.micro_batch_size,
+            e,
+            layout.tp,
+            layout.tp_sequence_parallel,
+            "none",
+            moe=moe_blocks > 0,
+        )
+    if index == layout.pp - 1:
+        total += act.logits_bytes(model, layout.micro_batch_size, e, layout.tp)
+    return total / layout.sp
+
+
+@dataclass(frozen=True)
+class _Stage:
+    index: int
+    blocks: int
+    moe_blocks: int
+
+    def signature(self, pp: int) -> tuple[int, int, bool, bool]:
+        return (self.blocks, self.moe_blocks, self.index == 0, self.index == pp - 1)
+
+
+def _stages(model: ModelSpec, pp: int) -> list[_Stage]:
+    return [_Stage(i, b, m) for i, (b, m) in enumerate(stage_blocks(model, pp))]
+
+
+def _candidate_stages(model: ModelSpec, layout: Layout) -> list[_Stage]:
+    """The stages that can be the most loaded: the first of each signature (earlier stages keep more
+    micro-batches in flight, so later stages of the same signature never need more memory)."""
+    seen: dict[tuple[int, int, bool, bool], _Stage] = {}
+    for st in _stages(model, layout.pp):
+        seen.setdefault(st.signature(layout.pp), st)
+    return list(seen.values())
+
+
+def estimate_memory(
+    model: ModelSpec, cluster: ClusterSpec, layout: Layout, knobs: ZeroKnobs | None = None
+) -> Memory:
+    """Peak memory per rank of the most loaded pipeline stage (the planner's cheap first filter)."""
+    return max(
+        _memories(model, cluster, layout, knobs, _candidate_stages(model, layout)), key=lambda m: m.total
+    )
+
+
+def stage_memories(
+    model: ModelSpec, cluster: ClusterSpec, layout: Layout, knobs: ZeroKnobs | None = None
+) -> list[Memory]:
+    """Peak memory per rank of every pipeline stage, first to last (earlier stages hold more micro-batches in
+    flight under 1F1B); `estimate_memory` is the largest of these."""
+    return _memories(model, cluster, layout, knobs, _stages(model, layout.pp))
+
+
+def _memories(
+    model: ModelSpec, cluster: ClusterSpec, layout: Layout, knobs: ZeroKnobs | None, stages: list[_Stage]
+) -> list[Memory]:
+    pc = count_params(model)
+    knobs = knobs or derive_zero_knobs(model, layout)
+    largest_param = _largest_param(pc, layout, model)
+    out: list[Memory] = []
+    for st in stages:
+        first, last = st.index == 0, st.index == layout.pp - 1
+        rank = rank_params(
+            pc, layout, st.blocks, st.moe_blocks, first, last, knobs.stage3_param_persistence_threshold
+        )
+        per_micro = _per_micro_activations(model, layout, st.blocks, st.moe_blocks)
+        activations = _stage_activations(model, layout, st.index, st.blocks, st.moe_blocks, per_micro)
+        mem = stage_memory(
+            layout,
+            cluster,
+            knobs,
+            rank,
+            activations,
+            largest_param,
+            _grad_partition(model, layout),
+            trainable=_lora_params(model, layout, st.blocks),
+        )
+        out.append(mem)
+    return out
+
+
+def _lora_params(model: ModelSpec, layout: Layout, blocks: int) -> float | None:
+    """LoRA adapter parameters on a rank of a stage with `blocks` blocks (None: full training)."""
+    if layout.lora is None:
+        return None
+    from toolkit.plan.lora import adapter_params_per_block, parse_lora
+
+    return float(blocks * adapter_params_per_block(model, parse_lora(layout.lora)))
+
+
+def _grad_partition(model: ModelSpec, layout: Layout) -> int | None:
+    """The exact ZeRO-1/2 gradient buffer when the whole model is one flat group on every rank (no TP, PP or
+    expert groups), from the HF tensor order; otherwise None (the even share is used)."""
+    if layout.zero_stage not in (1, 2) or layout.tp > 1 or layout.pp > 1 or model.is_moe:
+        return None
+    return zero_grad_partition(tensor_numels(model), layout.dp)
+
+
+def _largest_param(pc, layout: Layout, model: ModelSpec) -> float:
+    return max(pc.word_embedding / layout.tp, pc.mlp_weights / layout.tp / (3 if model.gated_mlp else 2))
+
+
+def estimate(
+    model: ModelSpec, cluster: ClusterSpec, layout: Layout, knobs: ZeroKnobs | None = None
+) -> Estimate:
+    """Memory and time of `layout`; memory of the most loaded stage, time of the slowest. `knobs`: the ZeRO
+    sizes of the config (default: the ones dstk's generated config sets)."""
+    pc = count_params(model)
+    knobs = knobs or derive_zero_knobs(model, layout)
+    e = layout.bytes_per_element
+    peak = cluster.peak_flops(layout.precision)
+    memory = estimate_memory(model, cluster, layout, knobs)
+    slowest: StageLoad | None = None
+    for st in _candidate_stages(model, layout):
+        first, last = st.index == 0, st.index == layout.pp - 1
+        rank = rank_params(
+            pc, layout, st.blocks, st.moe_blocks, first, last, knobs.stage3_param_persistence_threshold
+        )
+        compute = stage_compute(
+            model,
+            pc,
+            cluster,
+            micro_batch=layout.micro_batch_size,
+            e=e,
+            tp=layout.tp,
+            sp=layout.sp,
+            dense_layers=st.blocks - st.moe_blocks,
+            moe_layers=st.moe_blocks,
+            last=last,
+            recompute=layout.recompute,
+            sequence_parallel=layout.tp_sequence_parallel,
+            peak=peak,
+            frozen=layout.lora is not None,
+            fused_kernels=layout.fused_kernels,
+        )
+        trainable = _lora_params(model, layout, st.blocks)
+        load = StageLoad(
+            compute=compute,
+            dense_params=rank.dense if trainable is None else trainable,
+            expert_params=rank.expert if trainable is None else 0.0,
+            n_blocks=st.blocks,
+            n_moe_blocks=st.moe_blocks,
+        )
+        if slowest is None or compute.total_s > slowest.compute.total_s:
+            slowest = load
+    assert slowest is not None
+    time = step_time(model, cluster, layout, slowest, knobs)
+    return Estimate(model=model, cluster=cluster, layout=layout, knobs=knobs, memory=memory, time=time)

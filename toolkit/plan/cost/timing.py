@@ -1,0 +1,236 @@
+"""Step time of a layout: pipeline schedule, model-parallel and data-parallel communication, optimizer, offload.
+
+Per micro-batch, a rank of the slowest pipeline stage computes (see :mod:`toolkit.plan.cost.compute`) and waits on
+tensor-parallel all-reduces (4 per block per micro-batch, 6 with full recomputation; Narayanan et al. 2021
+§3.2 — not overlapped), expert all-to-alls (dispatch + combine, forward and backward; Rajbhandari et al.
+2022, DeepSpeed-MoE) and Ulysses all-to-alls (q, k, v and output; Jacobs et al. 2023). A 1F1B pipeline runs
+m + p - 1 such slots per step, the p - 1 extra being the bubble.
+
+Data-parallel traffic per ZeRO stage, as DeepSpeed schedules it (Rajbhandari et al. 2020, §7):
+- stage 0: one all-reduce of the gradients at the accumulation boundary, after backward (not overlapped);
+- stage 1: a reduce-scatter in the paper, overlapped with the last backward, then an all-gather of the
+  updated parameters after the step. DeepSpeed 0.19.8 does not reduce-scatter: `average_tensor` (zero/
+  stage_1_and_2.py), with `use_multi_rank_bucket_allreduce` at its default (True), all-reduces each whole
+  bucket and every rank keeps its own slice — 2(n-1)/n·Ψ bytes, so ZeRO-1/2 move 1.5× ZeRO-0's volume
+  (DeepSpeed's comms logger in benchmarks/zero_stages.py, 2026-12-03: 205 MB vs 142 MB per step);
+- stage 2: the same bucket all-reduces in every micro-batch (gradients are partitioned as they are
+  produced), overlapped with its backward, plus the same all-gather;
+- stage 3: per micro-batch an all-gather of parameters for forward and one for backward, prefetched behind
+  compute, and a reduce-scatter of gradients behind backward (3Ψ per micro-batch instead of 2Ψ per step).
+Only what does not fit in the compute it overlaps with, plus one bucket that cannot overlap, is exposed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from toolkit.plan.cost import comm
+from toolkit.plan.cost.compute import StageCompute
+from toolkit.plan.layout import Layout
+from toolkit.plan.specs import ClusterSpec, ModelSpec
+from toolkit.plan.zero_knobs import ZeroKnobs
+
+# Bytes Adam reads and writes per parameter per step: fp32 master, gradient, m, v read; master, m, v written,
+# plus the 16-bit working copy (mixed precision). fp32 training has no separate master or 16-bit copy.
+ADAM_BYTES_PER_PARAM = {"mixed": 4 * 4 + 3 * 4 + 2, "fp32": 4 * 4 + 3 * 4}
+# torch.optim.AdamW's single-tensor loop, which dstk's configs select on the CPU accelerator (`torch_adam`;
+# torch has no for-each kernels there): decay (2 fp32 passes), lerp of m (3), v·β2 then + g² (2 + 3), √v,
+# / bias correction, + ε (2 each), the addcdiv into the parameter (4) — 20 passes; then the 16-bit copy.
+UNFUSED_ADAM_BYTES_PER_PARAM = {"mixed": 20 * 4 + 4 + 2, "fp32": 20 * 4}
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds per optimizer step, by cause; `total_s` is their sum."""
+
+    compute_s: float
+    """Forward, backward and recomputation of all micro-batches on the slowest stage."""
+    pipeline_bubble_s: float
+    model_parallel_comm_s: float
+    """Tensor-parallel, expert and sequence-parallel collectives plus pipeline sends."""
+    data_parallel_comm_s: float
+    """The part of gradient/parameter traffic that compute does not hide."""
+    optimizer_s: float
+    """The optimizer step plus the engine's fixed per-step host cost (`step_overhead_ms`)."""
+    offload_s: float
+    """Exposed host/NVMe transfers of ZeRO-Offload / ZeRO-Infinity."""
+
+    @property
+    def total_s(self) -> float:
+        return (
+            self.compute_s
+            + self.pipeline_bubble_s
+            + self.model_parallel_comm_s
+            + self.data_parallel_comm_s
+            + self.optimizer_s
+            + self.offload_s
+        )
+
+
+@dataclass(frozen=True)
+class StageLoad:
+    """What the slowest stage's rank computes and holds, as the step-time model needs it."""
+
+    compute: StageCompute
+    dense_params: float
+    """Non-expert parameters on the rank (after TP/PP, before ZeRO)."""
+    expert_params: float
+    """Expert parameters on the rank (after EP, before ZeRO)."""
+    n_blocks: int
+    n_moe_blocks: int
+
+
+def _groups(layout: Layout, cluster: ClusterSpec) -> dict[str, comm.Group]:
+    tp_sp = layout.tp * layout.sp
+    return {
+        "tp": comm.group(layout.tp, 1, cluster),
+        "sp": comm.group(layout.sp, layout.tp, cluster),
+        "dp": comm.group(layout.dp, tp_sp, cluster),
+        "ep": comm.group(layout.ep, tp_sp, cluster),
+        "edp": comm.group(layout.expert_dp, tp_sp * layout.ep, cluster),
+    }
+
+
+def _micro_comm_s(model: ModelSpec, cluster: ClusterSpec, layout: Layout, load: StageLoad, e: int) -> float:
+    """Tensor/expert/sequence-parallel collectives and pipeline sends of one micro-batch on one rank."""
+    g = _groups(layout, cluster)
+    tokens = layout.micro_batch_size * model.seq_length / layout.sp
+    h = model.hidden_size
+    full = layout.recompute == "full"
+    t = 0.0
+    if layout.tp > 1:
+        calls = load.n_blocks * (6 if full else 4)
+        t += calls * comm.all_reduce_s(tokens * h * e, g["tp"], cluster)
+    if layout.ep > 1 and load.n_moe_blocks:
+        calls = load.n_moe_blocks * (6 if full else 4)
+        routed = model.moe_top_k * model.moe_capacity_factor
+        t += calls * comm.all_to_all_s(tokens * routed * h * e / layout.tp, g["ep"], cluster)
+    if layout.sp > 1:
+        widths = 2 * model.n_heads * model.head_dim + 2 * model.n_kv_heads * model.head_dim
+        passes = 3 if full else 2
+        t += passes * load.n_blocks * comm.all_to_all_s(tokens * widths * e / layout.tp, g["sp"], cluster)
+    if layout.pp > 1:
+        crosses = layout.tp * layout.sp * layout.dp >= cluster.gpus_per_node
+        # activations forward and their gradients backward; Megatron's scatter/gather sends 1/t per rank
+        t += 2 * comm.p2p_s(tokens * h * e / layout.tp, crosses, cluster)
+    return t
+
+
+def _gather_calls(model: ModelSpec, load: StageLoad, params: float, knobs: ZeroKnobs) -> float:
+    """ZeRO-3 all-gathers per pass: one per module that owns parameters, coalesced up to the prefetch bucket."""
+    per_block = (4 if model.architecture in ("gpt2", "bloom") else 7) + (2 if load.n_moe_blocks else 0)
+    return max(load.n_blocks * per_block, params / max(knobs.stage3_prefetch_bucket_size, 1))
+
+
+def _dp_exposed_s(
+    model: ModelSpec, cluster: ClusterSpec, layout: Layout, load: StageLoad, e: int, knobs: ZeroKnobs
+) -> float:
+    """Data-parallel traffic per step that is not hidden behind compute (see module docstring)."""
+    g = _groups(layout, cluster)
+    m = layout.gradient_accumulation_steps
+    # BF16_Optimizer (pipeline + 16-bit at stage 0) all-reduces its fp32 gradient accumulator
+    fp32_grads = layout.precision == "fp32" or (layout.zero_stage == 0 and layout.pp > 1)
+    grad_e = 4 if fp32_grads else 2
+    fwd, bwd = load.compute.forward_s, load.compute.backward_s + load.compute.recompute_s
+    if cluster.accelerator == "cpu":
+        fwd = bwd = 0.0  # on the CPU accelerator the same cores run gloo and the math: nothing overlaps
+    tail = exposed = 0.0
+    for params, grp in ((load.dense_params, g["dp"]), (load.expert_params, g["edp"])):
+        if grp.size <= 1 or params <= 0:
+            continue
+        buckets = max(1.0, params / knobs.reduce_bucket_size)
+        if layout.zero_stage in (1, 2):
+            reduce_one = comm.all_reduce_s(params * grad_e, grp, cluster, calls=buckets)
+        else:
+            reduce_one = comm.reduce_scatter_s(params * grad_e, grp, cluster, calls=buckets)
+        gathers = _gather_calls(model, load, params, knobs)
+        tail = max(tail, comm.all_reduce_s(min(knobs.reduce_bucket_size, params) * grad_e, grp, cluster))
+        if layout.optimizer != "adamw":
+            exposed += _onebit_allreduce_s(params, grp, cluster, layout)
+        elif layout.zero_stage == 0:
+            # the engine's buffered all-reduce after backward, in 5e8-element buffers (engine.py)
+            exposed += comm.all_reduce_s(params * grad_e, grp, cluster, calls=max(1.0, params / 5e8))
+        elif layout.zero_stage in (1, 2):
+            # updated partitions are all-gathered in place into the flat 16-bit model, bucket by bucket
+            gather = comm.all_gather_s(
+                params * e, grp, cluster, calls=max(1.0, params / knobs.allgather_bucket_size)
+            )
+            exposed += (m if layout.zero_stage == 2 else 1) * max(0.0, reduce_one - bwd) + gather
+        elif layout.zeropp:
+            # ZeRO++ (Wang et al. 2023): int8 weights forward (+ fp32 scale per 2048 values), backward gathers
+            # from the secondary partition inside the node, int4 gradients reduce-scattered
+            hpz_size = max(1, min(grp.size, cluster.gpus_per_node // (layout.tp * layout.sp)))
+            hpz = comm.group(hpz_size, layout.tp * layout.sp, cluster)
+            gather_fwd = comm.all_gather_s(params * (1 + 4 / 2048), grp, cluster, calls=gathers)
+            gather_bwd = comm.all_gather_s(params * e, hpz, cluster, calls=gathers)
+            reduce_q = comm.reduce_scatter_s(params * (0.5 + 4 / 2048), grp, cluster, calls=buckets)
+            exposed += m * (max(0.0, gather_fwd - fwd) + max(0.0, gather_bwd + reduce_q - bwd))
+        else:
+            gather = comm.all_gather_s(params * e, grp, cluster, calls=gathers)
+            exposed += m * (max(0.0, gather - fwd) + max(0.0, gather + reduce_one - bwd))
+    return exposed + (tail if layout.zero_stage else 0.0)
+
+
+def _onebit_allreduce_s(params: float, grp: comm.Group, cluster: ClusterSpec, layout: Layout) -> float:
+    """1-bit Adam / 0/1 Adam after warm-up: signs (1 bit) plus one fp32 scale per 2048 values, compressed
+    twice (worker and server side; Tang et al. 2021 §4.2): 2(W-1)/W · n · (1/8 + 4/2048) bytes per rank, the
+    ring all-reduce shape — 1/16 of the fp16 volume (1.6 % more for the scales), 1/32 of fp32."""
+    return comm.all_reduce_s(params * (1 / 8 + 4 / 2048), grp, cluster)
+
+
+def _optimizer_s(cluster: ClusterSpec, layout: Layout, load: StageLoad) -> tuple[float, float]:
+    """(optimizer step seconds, exposed offload transfer seconds)."""
+    shard = load.dense_params / (layout.dp if layout.zero_stage else 1)
+    shard += load.expert_params / (layout.expert_dp if layout.zero_stage else 1)
+    table = UNFUSED_ADAM_BYTES_PER_PARAM if cluster.accelerator == "cpu" else ADAM_BYTES_PER_PARAM
+    per_param = table["fp32" if layout.precision == "fp32" else "mixed"]
+    pcie = cluster.pcie_gb_per_s * 1e9
+    grad_e = layout.bytes_per_element
+    param_e = grad_e
+    if layout.offload_optimizer == "none":
+        path = "partitioned" if layout.zero_stage else "replicated"
+        measured = (cluster.optimizer_ns_per_param or {}).get(path)
+        if measured is not None and layout.optimizer == "adamw" and layout.precision != "fp32":
+            return shard * measured * 1e-9, 0.0
+        return shard * per_param / (cluster.gpu_memory_gb_per_s * 1e9), 0.0
+    # CPU Adam: all ranks of a node share its DRAM bandwidth (ZeRO-Offload, Ren et al. 2021, §4.2)
+    cpu_step = cluster.gpus_per_node * shard * per_param / (cluster.cpu_memory_gb_per_s * 1e9)
+    transfers = shard * (grad_e + param_e) / pcie
+    if layout.offload_optimizer == "nvme":
+        # ZeRO-Infinity swaps fp32 master, m and v in and out of NVMe every step, pipelined with the CPU step
+        io = 2 * 12 * shard * cluster.gpus_per_node / (cluster.nvme_gb_per_s * 1e9)
+        cpu_step = max(cpu_step, io)
+    return cpu_step, transfers
+
+
+def _param_offload_s(cluster: ClusterSpec, layout: Layout, load: StageLoad, e: int) -> float:
+    """Exposed parameter fetches of ZeRO-Infinity: each micro-batch brings the partition in twice (forward
+    and backward); prefetching hides it behind compute up to the compute time."""
+    if layout.offload_param == "none":
+        return 0.0
+    shard = load.dense_params / layout.dp + load.expert_params / layout.expert_dp
+    if layout.offload_param == "cpu":
+        fetch = 2 * shard * e / (cluster.pcie_gb_per_s * 1e9)
+    else:
+        fetch = 2 * shard * e * cluster.gpus_per_node / (cluster.nvme_gb_per_s * 1e9)
+    return layout.gradient_accumulation_steps * max(0.0, fetch - load.compute.total_s)
+
+
+def step_time(
+    model: ModelSpec, cluster: ClusterSpec, layout: Layout, load: StageLoad, knobs: ZeroKnobs
+) -> StepTime:
+    """Seconds per optimizer step of `layout`, with `load` the slowest pipeline stage's work."""
+    e = layout.bytes_per_element
+    m, p = layout.gradient_accumulation_steps, layout.pp
+    micro_comm = _micro_comm_s(model, cluster, layout, load, e)
+    slot = load.compute.total_s + micro_comm
+    opt, offload = _optimizer_s(cluster, layout, load)
+    opt += cluster.step_overhead_ms * 1e-3
+    return StepTime(
+        compute_s=m * load.compute.total_s,
+        pipeline_bubble_s=(p - 1) * slot,
+        model_parallel_comm_s=m * micro_comm,
+        data_parallel_comm_s=_dp_exposed_s(model, cluster, layout, load, e, knobs),
+        optimizer_s=opt,
+        offload_s=offload + _param_offload_s(cluster, layout, load, e),
+    )

@@ -1,0 +1,240 @@
+"""Layouts: how a model is spread over a cluster, and the one function that owns their arithmetic.
+
+A :class:`LayoutRequest` is what the user (or the planner) asks for, with blanks; :func:`toolkit.plan.rules.resolve_layout`
+fills the blanks, checks every rule in :mod:`toolkit.plan.rules` and returns a fully explicit :class:`Layout`.
+`world = tp · pp · sp · dp` and `global_batch = micro_batch · grad_accum · dp` live here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from toolkit.errors import UserError
+from toolkit.plan.specs import ClusterSpec, Precision
+
+Recompute = Literal["none", "selective", "full"]
+OffloadDevice = Literal["none", "cpu", "nvme"]
+Optimizer = Literal["adamw", "onebit-adam", "zero-one-adam"]
+
+BYTES_PER_ELEMENT: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+def data_parallel_size(world_size: int, tp: int = 1, pp: int = 1, sp: int = 1) -> int:
+    """Data-parallel replicas of a job: world / (tp · pp · sp), the one place this arithmetic lives (callers
+    check divisibility first, with a message of their own)."""
+    return world_size // (tp * pp * sp)
+
+
+_STRICT = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+# CLI flag of each LayoutRequest field (docs/ARCHITECTURE.md: how a flag reaches the engine); help text comes from the
+# field docstrings.
+LAYOUT_FLAGS: dict[str, str] = {
+    "zero_stage": "--zero-stage",
+    "tp": "--tp",
+    "pp": "--pp",
+    "ep": "--ep",
+    "sp": "--sp",
+    "micro_batch_size": "--micro-batch",
+    "global_batch_size": "--global-batch",
+    "gradient_accumulation_steps": "--grad-accum",
+    "recompute": "--recompute",
+    "offload_optimizer": "--offload-optimizer",
+    "offload_param": "--offload-param",
+    "precision": "--precision",
+    "optimizer": "--optimizer",
+    "tp_sequence_parallel": "--tp-sequence-parallel",
+    "tp_vocab_parallel": "--tp-vocab-parallel",
+    "zeropp": "--zeropp",
+    "fused_kernels": "--fused-kernels",
+    "lora": "--lora",
+}
+
+
+class LayoutRequest(BaseModel):
+    """A layout with blanks (None): the CLI flags of `estimate`/`config`, or one point of the planner's search."""
+
+    model_config = _STRICT
+
+    zero_stage: Literal[0, 1, 2, 3] = 0
+    """ZeRO stage: 0 plain data parallel, 1 optimizer states, 2 + gradients, 3 + parameters partitioned."""
+    tp: int = Field(default=1, gt=0)
+    """Tensor-parallel degree (Megatron-style / DeepSpeed AutoTP)."""
+    pp: int = Field(default=1, gt=0)
+    """Pipeline-parallel stages."""
+    ep: int = Field(default=1, gt=0)
+    """Expert-parallel degree (MoE only); carved out of the data-parallel ranks."""
+    sp: int = Field(default=1, gt=0)
+    """Sequence-parallel degree (DeepSpeed-Ulysses); carved out of the data-parallel ranks."""
+    micro_batch_size: int = Field(default=1, gt=0)
+    """Sequences per micro-batch per data-parallel rank."""
+    global_batch_size: int | None = Field(default=None, gt=0)
+    """Sequences per optimizer step over all ranks (default: micro_batch_size · grad_accum · dp)."""
+    gradient_accumulation_steps: int | None = Field(default=None, gt=0)
+    """Micro-batches per optimizer step (default: derived from the global batch, else 1)."""
+    recompute: Recompute = "none"
+    """Activation recomputation: none, selective (attention core, Korthikanti et al.), or full."""
+    offload_optimizer: OffloadDevice = "none"
+    """Where ZeRO keeps optimizer states (ZeRO-Offload / ZeRO-Infinity)."""
+    offload_param: OffloadDevice = "none"
+    """Where ZeRO-3 keeps parameters between uses (ZeRO-Infinity)."""
+    precision: Precision | None = None
+    """Training precision (default: bf16 where supported, else fp16, else fp32)."""
+    optimizer: Optimizer = "adamw"
+    """AdamW, or dstk's 1-bit Adam / 0/1 Adam (compressed communication, ZeRO stage 0 only)."""
+    tp_sequence_parallel: bool = False
+    """Megatron's sequence parallelism inside the TP group (Korthikanti et al. 2022): norms, dropout and
+    residuals are sharded over the sequence, so their activations divide by tp; same communication volume."""
+    tp_vocab_parallel: bool = False
+    """Split the word embedding over TP too (Megatron's VocabParallelEmbedding); DeepSpeed AutoTP, the
+    default, keeps it whole and splits only an untied LM head."""
+    zeropp: bool = False
+    """ZeRO++ (Wang et al. 2023) on ZeRO-3: int8 weight all-gather, int4 gradient reduce-scatter, and a
+    secondary weight partition inside each node so backward gathers stay on NVLink."""
+    fused_kernels: bool = False
+    """The runtime fuses the memory-bound work of a block (RMSNorm, rotary embedding, bias + activation) as
+    Megatron-LM / Megatron-DeepSpeed and vendor training stacks do; off: HF modules in eager mode, as `dstk
+    train` runs them (RMSNorm upcast to fp32 in seven kernels, rotary in five per tensor), which the cost model
+    then prices op by op."""
+    lora: str | None = None
+    """LoRA fine-tuning, e.g. `r=16,alpha=32[,dropout=0.05][,targets=q_proj+v_proj]`: adapters train, the
+    base weights are frozen (no gradients or optimizer states for them); see toolkit/plan/lora.py."""
+
+    @field_validator("lora")
+    @classmethod
+    def _normal_lora(cls, value: str | None) -> str | None:
+        from toolkit.plan.lora import parse_lora
+
+        return None if value is None else parse_lora(value).text()
+
+
+class Layout(LayoutRequest):
+    """A resolved layout: every field explicit and consistent with the model and the cluster."""
+
+    precision: Precision
+    dp: int = Field(gt=0)
+    """Data-parallel degree: world / (tp · pp · sp)."""
+    global_batch_size: int = Field(gt=0)
+    gradient_accumulation_steps: int = Field(gt=0)
+    world_size: int = Field(gt=0)
+    """Ranks in the job: nodes · gpus_per_node."""
+
+    @property
+    def bytes_per_element(self) -> int:
+        """Bytes of one parameter, gradient or activation element at the training precision."""
+        return BYTES_PER_ELEMENT[self.precision]
+
+    @property
+    def model_parallel(self) -> int:
+        return self.tp * self.pp * self.sp
+
+    @property
+    def expert_dp(self) -> int:
+        """Ranks that hold replicas of the same experts (the expert-data-parallel group)."""
+        return self.dp // self.ep
+
+    def describe(self, short: bool = False) -> str:
+        """The layout in one line, the only printer of it: `ZeRO-3 tp=1 pp=1 dp=8 micro=2 accum=16 global=256
+        recompute=selective bf16` (long, for explanations and reports) or `ZeRO-3 tp1 pp1 dp8 mb2 selective`
+        (short, for chart labels and de-duplicating runner-ups)."""
+        if short:
+            text = f"ZeRO-{self.zero_stage} tp{self.tp} pp{self.pp} dp{self.dp}"
+            text += f" mb{self.micro_batch_size} {self.recompute}"
+            if self.ep > 1:
+                text += f" ep{self.ep}"
+            if self.sp > 1:
+                text += f" sp{self.sp}"
+            if self.zeropp:
+                text += " zero++"
+            if self.offload_optimizer != "none" or self.offload_param != "none":
+                text += f" offload {self.offload_optimizer}/{self.offload_param}"
+            return text
+        parts = [f"ZeRO-{self.zero_stage}", f"tp={self.tp}", f"pp={self.pp}", f"dp={self.dp}"]
+        if self.ep > 1:
+            parts.append(f"ep={self.ep}")
+        if self.sp > 1:
+            parts.append(f"sp={self.sp}")
+        parts += [
+            f"micro={self.micro_batch_size}",
+            f"accum={self.gradient_accumulation_steps}",
+            f"global={self.global_batch_size}",
+            f"recompute={self.recompute}",
+            self.precision,
+        ]
+        if self.offload_optimizer != "none":
+            parts.append(f"offload_optimizer={self.offload_optimizer}")
+        if self.offload_param != "none":
+            parts.append(f"offload_param={self.offload_param}")
+        if self.optimizer != "adamw":
+            parts.append(self.optimizer)
+        return " ".join(parts)
+
+    def flags(self) -> list[str]:
+        """The CLI flags that reproduce this layout (for `dstk estimate` and the explanation)."""
+        out = []
+        for name, flag in LAYOUT_FLAGS.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool):
+                out.append(flag if value else f"--no-{flag[2:]}")
+            else:
+                out.append(f"{flag}={value}")
+        return out
+
+
+def default_precision(cluster: ClusterSpec) -> Precision:
+    """The precision the accelerator computes fastest: bf16 where it is supported and at least as fast as
+    fp32 (every GPU with bf16 tensor cores, a CPU with AVX512-BF16/AMX), else fp16 where supported and faster
+    (V100, T4), else fp32 — so never bf16 where it is emulated (an AVX2-only CPU runs torch's bf16 matmul
+    ~75× slower than fp32) and never fp16 on CPU, which DeepSpeed rejects."""
+    fp32 = cluster.peak_flops("fp32")
+    for precision in ("bf16", "fp16"):
+        if cluster.supports(precision) and cluster.peak_flops(precision) >= fp32:
+            return precision
+    return "fp32"
+
+
+def precision_reason(cluster: ClusterSpec, precision: Precision) -> str:
+    """Why `default_precision` chose `precision` on this cluster, with the throughputs it compared."""
+
+    def rate(p: Precision) -> str:
+        flops = cluster.peak_flops(p)
+        return f"{flops / 1e12:,.4g} TFLOP/s" if flops >= 1e12 else f"{flops / 1e9:,.3g} GFLOP/s"
+
+    if precision == "fp32":
+        if cluster.supports("bf16"):
+            slow = "emulated" if cluster.accelerator == "cpu" else "slower"
+            return (
+                f"fp32 because bf16 is {slow} on this {cluster.accelerator}: {rate('bf16')} bf16 vs "
+                f"{rate('fp32')} fp32 per rank"
+            )
+        return f"fp32 because this {cluster.accelerator} has neither bf16 nor fp16 ({rate('fp32')} per rank)"
+    if precision == "fp16":
+        return (
+            f"fp16 because this {cluster.accelerator} has no bf16 ({rate('fp16')} fp16 vs {rate('fp32')} fp32); "
+            "DeepSpeed's dynamic loss scaling keeps it stable"
+        )
+    return f"bf16 ({rate('bf16')} vs {rate('fp32')} fp32 per rank, half the memory of fp32)"
+
+
+def batch_arithmetic(micro: int, dp: int, global_batch: int | None, accum: int | None) -> tuple[int, int]:
+    """(global_batch, grad_accum) with global = micro · accum · dp, or a UserError showing the arithmetic."""
+    per_step = micro * dp
+    if global_batch is None:
+        accum = accum or 1
+        return per_step * accum, accum
+    if accum is not None and global_batch != per_step * accum:
+        raise UserError(
+            f"--global-batch: micro_batch_size({micro}) × gradient_accumulation_steps({accum}) × dp({dp}) "
+            f"= {per_step * accum} != global_batch_size({global_batch})"
+        )
+    if global_batch % per_step:
+        lower = max(per_step, global_batch // per_step * per_step)
+        raise UserError(
+            f"--global-batch: global_batch_size({global_batch}) is not divisible by micro_batch_size({micro}) "
+            f"× dp({dp}) = {per_step}; valid nearby: {lower}, {lower + per_step}"
+        )
+    return global_batch, global_batch // per_step

@@ -1,0 +1,175 @@
+"""Load model and cluster descriptions from preset names, YAML/JSON files, HF `config.json` or `--params N`.
+
+Every failure becomes a one-line :class:`~toolkit.errors.UserError` naming the file and the field, so the CLI
+can exit 2 without a traceback. Pydantic's errors are collected and reported together, once.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from toolkit.errors import UserError
+from toolkit.plan import hf_config
+from toolkit.plan.presets import preset_names, preset_path
+from toolkit.plan.specs import ClusterSpec, ModelSpec
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def read_mapping(path: Path) -> dict[str, Any]:
+    """Parse a YAML or JSON file whose top level is a mapping."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory, expected a YAML or JSON file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: cannot read ({exc.__class__.__name__}: {exc})") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: malformed JSON at line {exc.lineno}: {exc.msg}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise UserError(f"{path}: malformed YAML{where}: {problem}") from None
+    if not isinstance(data, dict):
+        raise UserError(
+            f"{path}: expected a mapping of field: value at the top level, got {type(data).__name__}"
+        )
+    return data
+
+
+def describe_errors(
+    source: str, exc: ValidationError, cls: type[BaseModel], labels: dict[str, str] | None = None
+) -> str:
+    """One line for all of pydantic's complaints, each naming its field (or its CLI flag, via `labels`)."""
+    parts = []
+    fields = list(cls.model_fields)
+    # a misspelt field usually explains a "missing" one, so unknown fields come first
+    for err in sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden"):
+        field = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        field = (labels or {}).get(field, field)
+        if err["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(field, fields, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else f" (valid: {', '.join(fields)})"
+            parts.append(f"{field}: unknown field{hint}")
+        elif err["type"] == "missing":
+            parts.append(f"{field}: required field missing")
+        elif err["type"] == "value_error":
+            parts.append(str(err["ctx"]["error"]))
+        else:
+            parts.append(f"{field}: {err['msg'].lower()} (got {err.get('input')!r})")
+    return f"{source}: " + "; ".join(parts)
+
+
+def build(cls: type[M], data: dict[str, Any], source: str, labels: dict[str, str] | None = None) -> M:
+    """Validate `data` into `cls`, turning pydantic's errors into one UserError line."""
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        raise UserError(describe_errors(source, exc, cls, labels)) from None
+
+
+LOCAL = "local"
+"""The cluster name that means "detect this machine" (toolkit.plan.local), usable wherever a preset is."""
+
+
+def _resolve(kind: str, ref: str) -> tuple[dict[str, Any], str]:
+    if kind == "clusters" and ref == LOCAL:
+        from toolkit.plan.local import local_cluster_data
+
+        data, _, _ = local_cluster_data()
+        return dict(data), "cluster local (detected)"
+    path = preset_path(kind, ref)
+    if path is not None:
+        return read_mapping(path), f"preset {ref}"
+    candidate = Path(ref).expanduser()
+    if candidate.exists() or candidate.suffix in (".yaml", ".yml", ".json"):
+        return read_mapping(candidate), str(candidate)
+    names = preset_names(kind) + ([LOCAL] if kind == "clusters" else [])
+    close = [n for n in names if n.startswith(ref)] or difflib.get_close_matches(ref, names, n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    what = "model" if kind == "models" else "cluster"
+    raise UserError(
+        f"--{what}: {ref!r} is neither a preset nor an existing file; {hint}presets: {', '.join(names)}"
+    )
+
+
+def load_model(ref: str, overrides: dict[str, Any] | None = None) -> ModelSpec:
+    """A model from a preset name, a dstk YAML/JSON file or an HF `config.json`, with field overrides."""
+    data, source = _resolve("models", ref)
+    if hf_config.is_hf_config(data):
+        data = hf_config.from_hf_config(data, source)
+    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    return build(ModelSpec, data, source)
+
+
+def load_cluster(ref: str, overrides: dict[str, Any] | None = None) -> ClusterSpec:
+    """A cluster from a preset name or a YAML/JSON file, with field overrides such as `nodes`."""
+    data, source = _resolve("clusters", ref)
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if "nodes" in given and "hostnames" in data and "hostnames" not in given:
+        data.pop("hostnames")  # a preset's host list no longer applies once the node count changes
+    data.update(given)
+    return build(ClusterSpec, data, source)
+
+
+def _gpt_layer_params(hidden: int) -> int:
+    """One GPT-2-style block: 12h² weights + 13h biases and norms (attention 4h²+4h, MLP 8h²+5h, 2 LNs 4h)."""
+    return 12 * hidden * hidden + 13 * hidden
+
+
+def model_from_params(
+    n_params: float, seq_length: int = 2048, vocab_size: int = 50257, name: str | None = None
+) -> ModelSpec:
+    """A GPT-3-shaped model with as close to `n_params` parameters as integer shapes allow.
+
+    Brown et al. 2020 (Table 2.1) keep head dim 128 and width/depth ≈ 128 from 6.7B up, and ≈ 64-85 below.
+    We search widths whose head count is a multiple of 8 (4 below 1B) so tensor parallelism divides it, solve
+    the depth for each, and among shapes within 0.5 % of the target take the one whose aspect ratio is
+    closest to that trend.
+    """
+    if not math.isfinite(n_params) or not 1e6 <= n_params <= 1e14:
+        raise UserError(f"--params: {n_params:g} is out of range; valid: 1e6 .. 1e14 parameters")
+    head_dim = 128 if n_params >= 2e9 else 64
+    target_aspect = 128 if n_params >= 5e9 else 80 if n_params >= 1e9 else 64
+    best: tuple[float, float, int, int] | None = None
+    step = (8 if n_params >= 1e9 else 4) * head_dim
+    for hidden in range(step, 131072 + 1, step):
+        fixed = vocab_size * hidden + seq_length * hidden + 2 * hidden
+        layers = round((n_params - fixed) / _gpt_layer_params(hidden))
+        if layers < 1:
+            break
+        error = abs(fixed + layers * _gpt_layer_params(hidden) - n_params) / n_params
+        score = (
+            0.0 if error <= 0.005 else error,
+            abs(math.log(hidden / layers / target_aspect)),
+            hidden,
+            layers,
+        )
+        best = score if best is None or score < best else best
+    if best is None:
+        raise UserError(f"--params: {n_params:g} is too small for a GPT with a {vocab_size}-token vocabulary")
+    _, _, hidden, layers = best
+    label = name or f"gpt-{n_params / 1e9:g}b"
+    return ModelSpec(
+        name=label,
+        architecture="gpt2",
+        n_layers=layers,
+        hidden_size=hidden,
+        n_heads=hidden // head_dim,
+        vocab_size=vocab_size,
+        seq_length=seq_length,
+        max_position_embeddings=seq_length,
+        activation="gelu",  # GPT-3 as Megatron-LM trains it: a fused GeLU kernel
+    )

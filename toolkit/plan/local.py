@@ -1,0 +1,264 @@
+"""`--cluster local`: this machine as a one-node cluster description, from what `toolkit.plan.hardware` reads
+(nvidia-smi, /proc/cpuinfo, /proc/meminfo, the GPU table) and, when `dstk calibrate` ran on this host, its
+cached measurement. Every field says where it came from; what could not be known is listed, not guessed."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from toolkit.plan.hardware import (
+    EMULATED_BF16_SLOWDOWN,
+    GIB,
+    CpuInfo,
+    GpuInfo,
+    calibration_path,
+    default_cpu_ranks,
+    disk_free,
+    fingerprint,
+    match_gpu,
+    meminfo_gib,
+    numa_nodes,
+    package_versions,
+    parse_cpuinfo,
+    parse_nvidia_smi,
+    read_text,
+    run_nvidia_smi,
+)
+from toolkit.plan.presets import PRESET_DIR
+
+# Defaults for the CPU accelerator's host-side figures that only a measurement knows (eager-op cost, gloo
+# bandwidth, engine overheads): the `cpu` preset is a calibration of a 2-core host of this machine kind.
+CPU_MEASURED_FIELDS = (
+    "gpu_matmul_efficiency",
+    "attention_efficiency",
+    "gpu_memory_gb_per_s",
+    "intra_node_gb_per_s",
+    "collective_bus_gb_per_s",
+    "collective_latency_us",
+    "kernel_launch_us",
+    "step_overhead_ms",
+    "framework_overhead_gib",
+    "optimizer_ns_per_param",
+    "pcie_gb_per_s",
+    "cpu_memory_gb_per_s",
+    "storage_gb_per_s",
+)
+
+
+@dataclass
+class Detection:
+    """A detected cluster description (ClusterSpec fields), where each value came from, and what is unknown."""
+
+    cluster: dict[str, Any]
+    sources: dict[str, str]
+    unknown: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    fingerprint: str = ""
+    calibration: Path | None = None
+    hardware: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        """One line for stderr: what was detected and whether a calibration was used."""
+        c = self.cluster
+        what = self.hardware.get("gpu") or self.hardware.get("cpu", "?")
+        basis = f"calibrated ({self.calibration})" if self.calibration else "table values, not calibrated"
+        line = f"cluster local: {c['gpus_per_node']} × {c['accelerator']} ({what}); {basis}"
+        if not self.calibration:
+            line += "; run `dstk calibrate` for measured figures"
+        return line
+
+
+def _cpu_preset() -> dict[str, Any]:
+    return yaml.safe_load((PRESET_DIR / "clusters" / "cpu.yaml").read_text())
+
+
+def _cpu_cluster(cpu: CpuInfo, ranks: int, det: Detection) -> None:
+    """Peaks from the ISA and clock; host-side figures that only a measurement knows from the cpu preset."""
+    cores = max(cpu.logical_cpus // ranks, 1)
+    ghz = (cpu.mhz or 0) / 1e3
+    if not ghz:
+        ghz = 2.0
+        det.unknown.append("CPU clock (cpu MHz missing from /proc/cpuinfo): assumed 2.0 GHz")
+    fp32 = cpu.fp32_flops_per_cycle() * ghz * cores / 1e3
+    bf16 = cpu.bf16_flops_per_cycle() * ghz * cores / 1e3
+    isa = "AMX-BF16" if "amx_bf16" in cpu.flags else "AVX512-BF16" if cpu.bf16_native else "no native bf16"
+    det.cluster.update(
+        accelerator="cpu",
+        gpus_per_node=ranks,
+        gpu_peak_tflops=round(bf16, 5),
+        gpu_fp32_peak_tflops=round(fp32, 5),
+        supports_bf16=True,
+        supports_fp16=False,
+    )
+    det.sources["gpu_peak_tflops"] = (
+        f"/proc/cpuinfo: {isa}, {cpu.bf16_flops_per_cycle():g} bf16 FLOP/cycle × {ghz:.2f} GHz × {cores} cores"
+        + ("" if cpu.bf16_native else f" (emulated: fp32 rate / {EMULATED_BF16_SLOWDOWN:g}, measured)")
+    )
+    det.sources["gpu_fp32_peak_tflops"] = (
+        f"/proc/cpuinfo: {cpu.fp32_flops_per_cycle()} fp32 FLOP/cycle × {ghz:.2f} GHz × {cores} cores"
+    )
+    det.sources["gpus_per_node"] = (
+        f"{cpu.logical_cpus} logical CPUs → {ranks} ranks of {cores} cores (one rank per NUMA node, else 2)"
+    )
+    preset = _cpu_preset()
+    for key in CPU_MEASURED_FIELDS:
+        if key in preset:
+            det.cluster[key] = preset[key]
+            det.sources[key] = "cpu preset (not measured on this host)"
+    det.unknown.append(
+        "host-side figures (eager-op cost, gloo bandwidth, engine overheads, matmul efficiency) are not "
+        "measured on this host: taken from the cpu preset (a calibration of a 2-core host)"
+    )
+    det.warnings.append(
+        "cluster local: not calibrated on this host; `dstk calibrate` measures it (under a minute) and "
+        "--cluster local then uses the measurement"
+    )
+
+
+def _gpu_cluster(gpus: list[GpuInfo], det: Detection) -> None:
+    """Per-GPU figures from the published table; what the table lacks is listed as unknown."""
+    first = gpus[0]
+    det.cluster.update(accelerator="cuda", gpus_per_node=len(gpus))
+    det.sources["gpus_per_node"] = f"nvidia-smi: {len(gpus)} GPUs"
+    if first.memory_mib:
+        # the driver and ECC keep ~1 % of memory.total (A100-80GB: 81,920 MiB listed, ~79.2 GiB allocatable)
+        det.cluster["gpu_memory_gib"] = round(0.99 * first.memory_mib / 1024, 1)
+        det.sources["gpu_memory_gib"] = f"nvidia-smi memory.total {first.memory_mib:g} MiB, 1 % reserved"
+    if len({g.name for g in gpus}) > 1:
+        det.warnings.append(
+            f"cluster local: mixed GPU models ({', '.join(sorted({g.name for g in gpus}))}); "
+            f"planning for {first.name} on every rank"
+        )
+    found = match_gpu(first.name)
+    if found is None:
+        det.warnings.append(
+            f"cluster local: unknown GPU model {first.name!r}: peak FLOP/s, HBM and interconnect bandwidth "
+            "are not in dstk's table; run `dstk calibrate` or give them in a cluster file"
+        )
+        det.unknown += [
+            "gpu_peak_tflops (assumed 100)",
+            "gpu_fp32_peak_tflops",
+            "gpu_memory_gb_per_s",
+            "intra_node_gb_per_s (assumed PCIe, 20)",
+            "supports_bf16 (assumed yes)",
+        ]
+        det.cluster.update(gpu_peak_tflops=100.0, intra_node_gb_per_s=20.0)
+        det.cluster.setdefault("gpu_memory_gib", 16.0)
+        return
+    key, e = found
+    native = bool(e.get("bf16_native")) and e.get("bf16_tflops") is not None
+    peak = e["bf16_tflops"] if native else e["fp16_tflops"]
+    src = e.get("source", "presets/gpus.yaml")
+    link = e.get("nvlink_gb_per_s") or None
+    # what NCCL's ring achieves (nccl-tests bus bandwidth) is ~78 % of the link rate: A100 NVLink 232 of
+    # 300 GB/s, H100 ~370 of 450 (nccl issues #812/#1576, as in the cluster presets); PCIe likewise
+    intra = 0.78 * (link or e.get("pcie_gb_per_s") or 16)
+    det.cluster.update(
+        gpu_peak_tflops=float(peak),
+        gpu_fp32_peak_tflops=float(e["fp32_tflops"]),
+        supports_bf16=native,
+        supports_fp16=True,
+        gpu_memory_gb_per_s=float(e["memory_gb_per_s"]),
+        intra_node_gb_per_s=round(intra, 1),
+        pcie_gb_per_s=round(0.78 * (e.get("pcie_gb_per_s") or 32), 1),
+        gpu_power_w=float(e.get("tdp_w") or 400),
+    )
+    det.cluster.setdefault("gpu_memory_gib", round(0.99 * e["memory_gib"] * 1e9 / GIB, 1))
+    for k in (
+        "gpu_peak_tflops",
+        "gpu_fp32_peak_tflops",
+        "supports_bf16",
+        "gpu_memory_gb_per_s",
+        "gpu_power_w",
+    ):
+        det.sources[k] = f"table {key}: {src}"
+    det.sources["intra_node_gb_per_s"] = (
+        f"table {key}: {'NVLink' if link else 'PCIe'} {link or e.get('pcie_gb_per_s')} GB/s × 0.78 (NCCL ring)"
+    )
+    if e.get("sm_count"):
+        det.cluster["gpu_sm_count"] = int(e["sm_count"])
+        det.sources["gpu_sm_count"] = f"table {key}: {src}"
+
+
+def detect(
+    *,
+    root: Path = Path("/"),
+    nvidia_smi: str | None = None,
+    cpuinfo: str | None = None,
+    meminfo: str | None = None,
+    checkpoint_path: Path | None = None,
+    ranks: int | None = None,
+    use_cache: bool = True,
+    versions: dict[str, str | None] | None = None,
+) -> Detection:
+    """Describe this machine as a one-node cluster. Every input can be given (recorded outputs in tests);
+    otherwise it is read from `root` and from running nvidia-smi."""
+    if nvidia_smi is None and root == Path("/"):
+        nvidia_smi = run_nvidia_smi()
+    gpus = parse_nvidia_smi(nvidia_smi or "")
+    cpu = parse_cpuinfo(cpuinfo if cpuinfo is not None else read_text(root / "proc/cpuinfo") or "")
+    meminfo = meminfo if meminfo is not None else read_text(root / "proc/meminfo")
+    det = Detection(cluster={"name": "local", "nodes": 1}, sources={})
+    det.hardware = {
+        "cpu": cpu.model,
+        "cpu_flags": sorted(f for f in cpu.flags if re.match(r"(avx|amx|fma)", f)),
+    }
+    if gpus:
+        det.hardware["gpu"] = f"{len(gpus)} × {gpus[0].name}"
+        det.hardware["driver"] = gpus[0].driver
+        _gpu_cluster(gpus, det)
+        if ranks:
+            det.cluster["gpus_per_node"] = ranks
+    else:
+        numa = numa_nodes(root)
+        _cpu_cluster(cpu, ranks or default_cpu_ranks(cpu, numa), det)
+    total = meminfo_gib(meminfo, "MemTotal")
+    if total is None:
+        det.unknown.append("host memory (/proc/meminfo unreadable): assumed 16 GiB")
+        total = 16.0
+    det.cluster["cpu_memory_gib"] = round(total, 1)
+    det.sources["cpu_memory_gib"] = "/proc/meminfo MemTotal"
+    if det.cluster["accelerator"] == "cpu":
+        # the ranks share the host's memory; keep a tenth for the OS, page cache and the launcher
+        det.cluster["gpu_memory_gib"] = round(0.9 * total / det.cluster["gpus_per_node"], 2)
+        det.sources["gpu_memory_gib"] = "90 % of MemTotal shared by the ranks"
+    free, on_nvme = disk_free(checkpoint_path or Path.cwd(), root)
+    det.hardware["disk_free_gib"] = None if free is None else round(free, 1)
+    det.cluster["nvme_gib"] = round(free, 1) if (free and on_nvme) else 0
+    det.sources["nvme_gib"] = (
+        "free space on the NVMe device at the checkpoint path"
+        if on_nvme
+        else "checkpoint path is not on an NVMe device: no NVMe offload planned"
+    )
+    if gpus:
+        det.unknown.append("inter_node_gb_per_s (one node detected): assumed 25 GB/s per GPU")
+        det.cluster["inter_node_gb_per_s"] = 25.0
+    else:
+        det.cluster["inter_node_gb_per_s"] = det.cluster.get("intra_node_gb_per_s", 1.0)
+    versions = versions if versions is not None else package_versions()
+    det.fingerprint = fingerprint(cpu, gpus, det.cluster["gpus_per_node"], versions)
+    path = calibration_path(det.fingerprint)
+    if use_cache and path.is_file():
+        measured = yaml.safe_load(path.read_text()) or {}
+        measured.pop("name", None)
+        det.cluster.update(measured)
+        det.cluster["name"] = "local"
+        det.calibration = path
+        det.warnings = [w for w in det.warnings if "not calibrated" not in w]
+        det.unknown = [u for u in det.unknown if not u.startswith("host-side")]
+        for k in measured:
+            det.sources[k] = f"measured by dstk calibrate ({path})"
+    return det
+
+
+@cache
+def local_cluster_data() -> tuple[dict[str, Any], str, tuple[str, ...]]:
+    """This process's detection of its own host (once): cluster fields, summary line, warnings."""
+    det = detect()
+    return dict(det.cluster), det.summary(), tuple(det.warnings)

@@ -1,0 +1,408 @@
+"""The planner: search the layouts a cluster admits, keep those that fit, pick the fastest, say why.
+
+Pure: no torch, no trial runs. The search space is ZeRO stage × TP (divisors of gpus_per_node dividing the
+heads) × PP (divisors of what is left, at most one block per stage) × EP (MoE) × Ulysses SP (long sequences)
+× micro-batch (divisors of the per-rank batch) × recomputation × offload × ZeRO++. It stays small by:
+- checking the named rules (:mod:`toolkit.plan.rules`) before estimating anything;
+- estimating memory first (the cheap half of the cost model) and walking micro-batches upwards, stopping at
+  the first that does not fit (memory grows with the micro-batch);
+- trying offload only when nothing fits without it (offload adds a host or NVMe round trip to every step).
+Layouts are ranked by predicted tokens/s; within `NEAR_TIE` of the best, the simplest wins.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from toolkit.errors import UserError
+from toolkit.plan import recipes
+from toolkit.plan.checkpoint_interval import CheckpointPlan, checkpoint_plan
+from toolkit.plan.cost.estimate import Estimate, estimate, estimate_memory, host_fits, nvme_fits
+from toolkit.plan.cost.memory import GIB
+from toolkit.plan.layout import Layout, LayoutRequest, data_parallel_size, default_precision, precision_reason
+from toolkit.plan.params import count_params
+from toolkit.plan.rules import broken_rules
+from toolkit.plan.specs import ClusterSpec, ModelSpec
+
+NEAR_TIE = 0.02
+"""Layouts within 2 % of the best predicted throughput count as ties; the simplest of them wins."""
+DEFAULT_MARGIN = 0.10
+"""Fraction of accelerator memory kept free for allocator fragmentation and transient peaks."""
+LONG_SEQUENCE = 16_384
+"""From this sequence length on, Ulysses sequence parallelism joins the search."""
+RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclass
+class Candidate:
+    """One layout the planner looked at, with its estimate (or memory only) and why it lost."""
+
+    layout: Layout
+    estimate: Estimate | None
+    total_bytes: float
+    rejected_because: str | None = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.estimate.tokens_per_s if self.estimate else 0.0
+
+
+@dataclass
+class Plan:
+    best: Candidate
+    explanation: list[str]
+    alternatives: list[Candidate]
+    usable_bytes: float
+    searched: int
+    checkpoint: CheckpointPlan
+    rule_rejections: dict[str, str] = field(default_factory=dict)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def default_global_batch(model: ModelSpec, world_size: int) -> int:
+    """GPT-3's batch for the model size (Table 2.1), in sequences, rounded up to the world size times a power
+    of two, so every data-parallel degree divides it and micro-batches can be powers of two."""
+    target = recipes.batch_tokens(count_params(model).total) / model.seq_length
+    return world_size * 2 ** max(0, math.ceil(math.log2(max(target / world_size, 1))))
+
+
+def complexity(layout: Layout) -> tuple:
+    """Sort key: fewer moving parts first (no offload, fewer model-parallel dimensions, lower ZeRO stage…)."""
+    offload = (layout.offload_optimizer != "none") + (layout.offload_param != "none")
+    parallel = sum(x > 1 for x in (layout.tp, layout.pp, layout.sp, layout.ep))
+    return (
+        offload,
+        layout.zeropp,
+        parallel,
+        layout.pp,
+        layout.tp,
+        layout.sp,
+        layout.zero_stage,
+        RECOMPUTE.index(layout.recompute),
+        -layout.micro_batch_size,
+    )
+
+
+def _offload_options(zero: int, cluster: ClusterSpec, allow: bool) -> list[tuple[str, str]]:
+    if not allow or zero == 0:
+        return [("none", "none")]
+    if zero in (1, 2):
+        return [("none", "none"), ("cpu", "none")]
+    devices = ["cpu"] + (["nvme"] if cluster.nvme_gib > 0 else [])
+    out = [("none", "none")] + [(d, "none") for d in devices] + [(d, p) for d in devices for p in devices]
+    return out
+
+
+class _Search:
+    """One planner run: the enumeration and what it saw."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        cluster: ClusterSpec,
+        fixed: dict[str, Any],
+        global_batch: int,
+        margin: float,
+        scopes: tuple[str, ...],
+    ) -> None:
+        self.model, self.cluster, self.fixed, self.global_batch = model, cluster, fixed, global_batch
+        self.usable = (1 - margin) * cluster.gpu_memory_gib * GIB
+        self.scopes = scopes
+        self.fitting: list[Candidate] = []
+        self.too_big: list[Candidate] = []
+        self.rule_rejections: dict[str, str] = {}
+        self.searched = 0
+
+    def _options(self, name: str, values: list[Any]) -> list[Any]:
+        return [self.fixed[name]] if name in self.fixed else values
+
+    def shapes(self) -> list[tuple[int, int, int, int]]:
+        """(tp, pp, sp, ep) combinations that tile the world size."""
+        m, c = self.model, self.cluster
+        world = c.world_size
+        tps = self._options(
+            "tp", [t for t in _divisors(c.gpus_per_node) if m.n_heads % t == 0 and m.n_kv_heads % t == 0]
+        )
+        out = []
+        for tp in tps:
+            if world % tp:
+                continue
+            for pp in self._options("pp", [p for p in _divisors(world // tp) if p <= m.n_layers]):
+                if world % (tp * pp):
+                    continue
+                rest = world // (tp * pp)
+                sps = [1]
+                if m.seq_length >= LONG_SEQUENCE:
+                    sps = [s for s in _divisors(rest) if (m.n_heads // tp) % s == 0 and m.seq_length % s == 0]
+                for sp in self._options("sp", sps):
+                    if rest % sp:
+                        continue
+                    dp = rest // sp
+                    eps = [e for e in _divisors(math.gcd(m.num_experts, dp))] if m.is_moe else [1]
+                    out += [(tp, pp, sp, ep) for ep in self._options("ep", eps)]
+        return out
+
+    def run(self, allow_offload: bool) -> None:
+        c = self.cluster
+        precision = self.fixed.get("precision") or default_precision(c)
+        for tp, pp, sp, ep in self.shapes():
+            dp = data_parallel_size(c.world_size, tp, pp, sp)
+            if self.global_batch % dp:
+                continue
+            per_rank = self.global_batch // dp
+            micros = self._options("micro_batch_size", [d for d in _divisors(per_rank) if d & (d - 1) == 0])
+            for zero in self._options("zero_stage", [0, 1, 2, 3] if pp == 1 else [0, 1]):
+                for off_opt, off_param in _offload_options(zero, c, allow_offload):
+                    if "offload_optimizer" in self.fixed and off_opt != self.fixed["offload_optimizer"]:
+                        continue
+                    if "offload_param" in self.fixed and off_param != self.fixed["offload_param"]:
+                        continue
+                    zeropps = (
+                        [False, True] if zero == 3 and c.nodes > 1 and c.accelerator == "cuda" else [False]
+                    )
+                    for zeropp in self._options("zeropp", zeropps):
+                        for recompute in self._options("recompute", list(RECOMPUTE)):
+                            # Megatron (no "deepspeed" scope) runs TP with sequence parallelism and a
+                            # vocabulary-parallel embedding: less memory at the same traffic, so always on
+                            megatron_tp = tp > 1 and "deepspeed" not in self.scopes
+                            base = dict(
+                                tp_sequence_parallel=self.fixed.get("tp_sequence_parallel", megatron_tp),
+                                tp_vocab_parallel=self.fixed.get("tp_vocab_parallel", megatron_tp),
+                                zero_stage=zero,
+                                tp=tp,
+                                pp=pp,
+                                sp=sp,
+                                ep=ep,
+                                recompute=recompute,
+                                offload_optimizer=off_opt,
+                                offload_param=off_param,
+                                precision=precision,
+                                optimizer=self.fixed.get("optimizer", "adamw"),
+                                lora=self.fixed.get("lora"),
+                                zeropp=zeropp,
+                                # Megatron's kernels are fused; HF modules in the DeepSpeed engine run eager
+                                fused_kernels=self.fixed.get("fused_kernels", "deepspeed" not in self.scopes),
+                            )
+                            self._walk_micro(base, dp, micros)
+
+    def _walk_micro(self, base: dict[str, Any], dp: int, micros: list[int]) -> None:
+        request = LayoutRequest(micro_batch_size=micros[0], global_batch_size=self.global_batch, **base)
+        broken = broken_rules(self.model, self.cluster, request, dp, self.scopes)
+        if broken:
+            for name, msg in broken:
+                self.rule_rejections.setdefault(name, msg)
+            return
+        for micro in micros:
+            layout = Layout(
+                **{**base, "micro_batch_size": micro},
+                dp=dp,
+                world_size=self.cluster.world_size,
+                global_batch_size=self.global_batch,
+                gradient_accumulation_steps=self.global_batch // (micro * dp),
+            )
+            self.searched += 1
+            mem = estimate_memory(self.model, self.cluster, layout)
+            if (
+                mem.total > self.usable
+                or not host_fits(mem, self.cluster)
+                or not nvme_fits(mem, self.cluster)
+            ):
+                self.too_big.append(Candidate(layout, None, mem.total))
+                break
+            est = estimate(self.model, self.cluster, layout)
+            self.fitting.append(Candidate(layout, est, mem.total))
+
+
+def _pick(fitting: list[Candidate]) -> Candidate:
+    top = max(c.tokens_per_s for c in fitting)
+    ties = [c for c in fitting if c.tokens_per_s >= (1 - NEAR_TIE) * top]
+    return min(ties, key=lambda c: complexity(c.layout))
+
+
+DIMENSIONS = (
+    "zero_stage",
+    "tp",
+    "pp",
+    "sp",
+    "ep",
+    "micro_batch_size",
+    "recompute",
+    "offload_optimizer",
+    "offload_param",
+    "zeropp",
+)
+
+
+def _counterfactuals(best: Candidate, search: _Search) -> list[tuple[str, Candidate]]:
+    """For each dimension, the best layout that differs from the winner there (fitting, else smallest)."""
+    out = []
+    for dim in DIMENSIONS:
+        mine = getattr(best.layout, dim)
+        others = [c for c in search.fitting if getattr(c.layout, dim) != mine]
+        if others:
+            alt = max(others, key=lambda c: c.tokens_per_s)
+            loss = 1 - alt.tokens_per_s / best.tokens_per_s
+            why = f"{loss:.1%} fewer tokens/s" if loss > 0 else "within the near-tie band but more complex"
+            out.append((dim, Candidate(alt.layout, alt.estimate, alt.total_bytes, why)))
+            continue
+        big = [c for c in search.too_big if getattr(c.layout, dim) != mine]
+        if big:
+            alt = min(big, key=lambda c: c.total_bytes)
+            why = (
+                f"does not fit: needs {alt.total_bytes / GIB:.1f} GiB > {search.usable / GIB:.1f} GiB usable"
+            )
+            out.append((dim, Candidate(alt.layout, None, alt.total_bytes, why)))
+    return out
+
+
+def _explain(best: Candidate, alternatives: list[tuple[str, Candidate]], search: _Search) -> list[str]:
+    est = best.estimate
+    assert est is not None
+    mem, t = est.memory, est.time
+    lines = [
+        f"{best.layout.describe()}: {est.tokens_per_s:,.0f} tokens/s, MFU {est.mfu:.1%}, step {t.total_s:.3g} s; "
+        f"best of {len(search.fitting)} fitting layouts ({search.searched} estimated).",
+        f"Memory per GPU {mem.total / GIB:.1f} GiB of {search.usable / GIB:.1f} GiB usable "
+        f"({search.cluster.gpu_memory_gib:g} GiB less the safety margin): model states {mem.engine.device_bytes / GIB:.1f}, "
+        f"activations {mem.activations / GIB:.1f}, buffers {mem.buffers / GIB:.1f}, overhead {mem.framework_overhead / GIB:.1f}.",
+        f"Step time {t.total_s:.3g} s: compute {t.compute_s:.3g}, pipeline bubble {t.pipeline_bubble_s:.3g}, "
+        f"TP/EP/SP/PP comm {t.model_parallel_comm_s:.3g}, exposed data-parallel comm {t.data_parallel_comm_s:.3g}, "
+        f"optimizer {t.optimizer_s:.3g}, offload {t.offload_s:.3g}.",
+    ]
+    for dim, alt in alternatives:
+        lines.append(
+            f"{dim} = {getattr(alt.layout, dim)} instead: {alt.rejected_because} ({alt.layout.describe()})."
+        )
+    precision = best.layout.precision
+    if "precision" in search.fixed:
+        lines.append(f"Precision {precision}: as requested.")
+    else:
+        lines.append(f"Precision {precision_reason(search.cluster, precision)}.")
+    for name, msg in sorted(search.rule_rejections.items()):
+        lines.append(f"Excluded by rule {name}: {msg}.")
+    return lines
+
+
+def plan(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    fixed: dict[str, Any] | None = None,
+    *,
+    global_batch: int | None = None,
+    margin: float = DEFAULT_MARGIN,
+    scopes: tuple[str, ...] = ("layout", "deepspeed"),
+) -> Plan | None:
+    """The best fitting layout with its explanation, or None when nothing fits even with offload."""
+    fixed = {k: v for k, v in (fixed or {}).items() if v is not None}
+    batch = (
+        global_batch
+        or fixed.pop("global_batch_size", None)
+        or default_global_batch(model, cluster.world_size)
+    )
+    fixed.pop("global_batch_size", None)
+    fixed.pop("gradient_accumulation_steps", None)
+    search = _Search(model, cluster, fixed, batch, margin, scopes)
+    search.run(allow_offload=False)
+    if not search.fitting:
+        search.run(allow_offload=True)
+    if not search.fitting:
+        return None
+    best = _pick(search.fitting)
+    alternatives = _counterfactuals(best, search)
+    assert best.estimate is not None
+    ckpt = checkpoint_plan(model, cluster, best.layout, best.estimate.time.total_s)
+    explanation = _explain(best, alternatives, search)
+    explanation.insert(
+        3,
+        f"Checkpoints: {ckpt.bytes / 1e9:,.1f} GB each, {ckpt.write_s:.3g} s to write at "
+        f"{cluster.storage_gb_per_s:g} GB/s per node; job MTBF {ckpt.job_mtbf_s / 3600:.3g} h, so save every "
+        f"{ckpt.interval_steps} steps ({ckpt.interval_s / 60:.3g} min, Young/Daly): "
+        f"{ckpt.expected_waste:.2%} of the time lost to saving and redoing work.",
+    )
+    return Plan(
+        best=best,
+        explanation=explanation,
+        alternatives=[a for _, a in alternatives],
+        usable_bytes=search.usable,
+        searched=search.searched,
+        checkpoint=ckpt,
+        rule_rejections=search.rule_rejections,
+    )
+
+
+def fits_anywhere(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    fixed: dict[str, Any],
+    global_batch: int | None,
+    margin: float,
+    scopes: tuple[str, ...],
+) -> bool:
+    return plan(model, cluster, fixed, global_batch=global_batch, margin=margin, scopes=scopes) is not None
+
+
+def smallest_fitting_nodes(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    fixed: dict[str, Any],
+    global_batch: int | None,
+    margin: float,
+    scopes: tuple[str, ...],
+    limit: int = 1 << 14,
+) -> int | None:
+    """The node count n at which a layout fits while none fits on n - 1 (doubling, then bisection)."""
+
+    def fits(n: int) -> bool:
+        return fits_anywhere(
+            model,
+            cluster.model_copy(update={"nodes": n, "hostnames": None}),
+            fixed,
+            global_batch,
+            margin,
+            scopes,
+        )
+
+    lo, hi = cluster.nodes, cluster.nodes * 2
+    while not fits(hi):
+        lo, hi = hi, hi * 2
+        if hi > limit:
+            return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    return hi
+
+
+def _offload_allowed(fixed: dict[str, Any]) -> bool:
+    return fixed.get("offload_optimizer", "cpu") != "none" or fixed.get("offload_param", "cpu") != "none"
+
+
+def nothing_fits_message(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    fixed: dict[str, Any],
+    global_batch: int | None,
+    margin: float,
+    scopes: tuple[str, ...],
+) -> UserError:
+    what = f"{model.name} does not fit on {cluster.nodes} × {cluster.name} ({cluster.world_size} GPUs of {cluster.gpu_memory_gib:g} GiB)"
+    nodes = smallest_fitting_nodes(model, cluster, fixed, global_batch, margin, scopes)
+    hints = []
+    if nodes is not None:
+        hints.append(
+            f"the smallest cluster that fits is --nodes {nodes} ({nodes * cluster.gpus_per_node} GPUs)"
+        )
+    relaxed = {k: v for k, v in fixed.items() if k not in ("offload_optimizer", "offload_param")}
+    if relaxed != fixed and fits_anywhere(model, cluster, relaxed, global_batch, margin, scopes):
+        hints.append(
+            "or drop the --offload-* constraints: ZeRO-Offload/Infinity makes it fit on this cluster"
+        )
+    if not hints:
+        hints.append(f"even {1 << 14} nodes are not enough with these constraints")
+    tried = "even with offload" if _offload_allowed(fixed) else "without offload"
+    return UserError(f"{what} {tried}; " + "; ".join(hints))

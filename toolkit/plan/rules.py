@@ -1,0 +1,311 @@
+"""Named layout rules: each says which combination is illegal, why, and what would be valid.
+
+`dstk estimate` and `dstk config` reject a layout that breaks any rule (exit 2, all violations in one line);
+the planner uses the same rules to prune its search and to fill `rejected_because`. Rules that mirror a
+DeepSpeed check quote the engine's behaviour in the docstring so they can be re-verified when DeepSpeed moves.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from toolkit.errors import UserError
+from toolkit.plan.layout import Layout, LayoutRequest, batch_arithmetic, data_parallel_size, default_precision
+from toolkit.plan.specs import ClusterSpec, ModelSpec
+
+Check = Callable[[ModelSpec, ClusterSpec, LayoutRequest, int], "str | None"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    check: Check
+    scope: str = "layout"
+    """"layout": no layout can break it and exist; "deepspeed": what dstk's DeepSpeed run path (HF models in
+    the DeepSpeed engine) cannot run here, though another runtime (e.g. Megatron-DeepSpeed) might."""
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _tp_divides_heads(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    if m.n_heads % r.tp or m.n_kv_heads % r.tp:
+        valid = _divisors(math.gcd(m.n_heads, m.n_kv_heads))
+        return (
+            f"--tp: n_heads({m.n_heads}) and n_kv_heads({m.n_kv_heads}) must be divisible by tp({r.tp}); "
+            f"valid: {', '.join(map(str, valid))}"
+        )
+    return None
+
+
+def _pp_le_layers(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    if r.pp > m.n_layers:
+        return f"--pp: pp({r.pp}) exceeds n_layers({m.n_layers}); each stage needs at least one block"
+    return None
+
+
+def _pipeline_zero(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """DeepSpeed's PipelineEngine asserts ZeRO stage < 2 ("ZeRO-2 and ZeRO-3 are incompatible with pipeline
+    parallelism", deepspeed/runtime/pipe/engine.py): gradients must stay whole across micro-batches."""
+    if r.pp > 1 and r.zero_stage > 1:
+        return f"--pp: pipeline parallelism (pp={r.pp}) works only with ZeRO stage 0 or 1, not {r.zero_stage}"
+    return None
+
+
+def _param_offload_needs_zero3(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    if r.offload_param != "none" and r.zero_stage != 3:
+        return f"--offload-param: parameter offload needs ZeRO stage 3 (got stage {r.zero_stage})"
+    return None
+
+
+def _optimizer_offload_needs_zero(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    if r.offload_optimizer != "none" and r.zero_stage == 0:
+        return "--offload-optimizer: optimizer offload needs ZeRO stage 1, 2 or 3 (got stage 0)"
+    return None
+
+
+def _nvme_optimizer_needs_zero3(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """NVMe optimizer swapping exists only in ZeRO-3's optimizer (ZeRO-Infinity); stages 1-2 offload to CPU."""
+    if r.offload_optimizer == "nvme" and r.zero_stage != 3:
+        return f"--offload-optimizer: nvme needs ZeRO stage 3 (got stage {r.zero_stage}); stages 1-2 offload to cpu"
+    return None
+
+
+def _nvme_present(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    if "nvme" in (r.offload_optimizer, r.offload_param) and c.nvme_gib <= 0:
+        return f"--offload-*: nvme offload needs local NVMe, but cluster {c.name} has nvme_gib=0"
+    return None
+
+
+def _precision_supported(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    if r.precision and not c.supports(r.precision):
+        valid = [p for p in ("bf16", "fp16", "fp32") if c.supports(p)]
+        return (
+            f"--precision: {r.precision} is not supported on {c.accelerator} accelerators of cluster {c.name}; "
+            f"valid: {', '.join(valid)}"
+        )
+    return None
+
+
+def _onebit_needs_zero0(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """1-bit Adam and 0/1 Adam compress the whole-gradient all-reduce; ZeRO partitioning and pipeline stages
+    replace that all-reduce with reduce-scatter / per-stage groups the compression cannot ride on
+    (Tang et al. 2021 §4; DeepSpeed's original OnebitAdam asserted ZeRO stage 0)."""
+    if r.optimizer != "adamw" and (r.zero_stage or r.pp > 1 or r.offload_optimizer != "none"):
+        return f"--optimizer: {r.optimizer} needs ZeRO stage 0, no pipeline and no offload"
+    return None
+
+
+def _ep_needs_moe(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    if r.ep > 1 and not m.is_moe:
+        return f"--ep: expert parallelism (ep={r.ep}) needs an MoE model; {m.name} has num_experts=0"
+    return None
+
+
+def _ep_divides(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    if not m.is_moe or r.ep == 1:
+        return None
+    if m.num_experts % r.ep:
+        valid = _divisors(m.num_experts)
+        return f"--ep: num_experts({m.num_experts}) must be divisible by ep({r.ep}); valid: {', '.join(map(str, valid))}"
+    if dp % r.ep:
+        return f"--ep: the data-parallel degree dp({dp}) must be divisible by ep({r.ep})"
+    return None
+
+
+def _sp_divides(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """Ulysses scatters attention heads over the sequence-parallel group (Jacobs et al. 2023)."""
+    if r.sp == 1:
+        return None
+    if (m.n_heads // r.tp) % r.sp or m.seq_length % r.sp:
+        return (
+            f"--sp: heads per TP rank ({m.n_heads // r.tp}) and seq_length({m.seq_length}) must be divisible "
+            f"by sp({r.sp})"
+        )
+    return None
+
+
+def _zeropp_needs_zero3(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    if r.zeropp and r.zero_stage != 3:
+        return f"--zeropp: ZeRO++ works on ZeRO stage 3 (got stage {r.zero_stage})"
+    return None
+
+
+def _zeropp_needs_cuda(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """ZeRO++ quantizes with DeepSpeed's CUDA quantizer op; the CPU accelerator has no builder for it."""
+    if r.zeropp and c.accelerator != "cuda":
+        return f"--zeropp: ZeRO++'s quantization kernels need CUDA; cluster {c.name} is {c.accelerator}"
+    return None
+
+
+# Architectures DeepSpeed 0.19.8's AutoTP training shards (HF tp_plan, or its name heuristic): the heuristic
+# refuses GPT-2 ("AutoTP not supported for model. Please use kernel injection since container policy for model
+# exists", module_inject/auto_tp.py) and GPT-2 has no HF tp_plan; Llama trains on 2 gloo ranks, and the
+# parser accepts BLOOM, Mistral, Mixtral and Qwen2.
+AUTOTP_ARCHITECTURES = ("llama", "mistral", "mixtral", "qwen2", "bloom")
+# Architectures dstk turns into a DeepSpeed PipelineModule (toolkit/parallel/pipeline.py).
+PIPELINE_ARCHITECTURES = ("gpt2", "llama", "mistral", "qwen2")
+
+
+def _autotp_architecture(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    if r.tp > 1 and m.architecture not in AUTOTP_ARCHITECTURES:
+        return (
+            f"--tp: DeepSpeed AutoTP cannot shard {m.architecture} models (supported: "
+            f"{', '.join(AUTOTP_ARCHITECTURES)}); use tp=1 with ZeRO, or Megatron-DeepSpeed (dstk config --megatron)"
+        )
+    return None
+
+
+def _pipeline_architecture(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    if r.pp > 1 and m.architecture not in PIPELINE_ARCHITECTURES:
+        return f"--pp: dstk pipelines {', '.join(PIPELINE_ARCHITECTURES)} models, not {m.architecture}"
+    return None
+
+
+def _pipeline_with_tp(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    if r.pp > 1 and (r.tp > 1 or r.sp > 1 or r.ep > 1):
+        return "--pp: dstk's HF pipeline runs with data parallelism only (tp=sp=ep=1); 3D layouts need Megatron-DeepSpeed"
+    return None
+
+
+def _native_moe_zero3(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """dstk turns dense GPT-2/Llama models into MoE with DeepSpeed's own MoE layer, which the engine refuses at
+    stage 3 ("Native DeepSpeed MoE is not supported with ZeRO Stage 3. Use AutoEP or choose ZeRO stage 1/2.",
+    runtime/engine.py); HF's Mixtral goes through AutoEP instead, which accepts stage 3."""
+    if m.is_moe and m.architecture != "mixtral" and r.zero_stage == 3:
+        return f"--zero-stage: DeepSpeed MoE layers ({m.architecture} with experts) need ZeRO stage 1 or 2, not 3"
+    return None
+
+
+def _autoep_zero3(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """AutoEP with ZeRO-3 forbids sequence parallelism, quantized gradients and hpZ (runtime/engine.py)."""
+    if m.architecture == "mixtral" and r.zero_stage == 3 and (r.sp > 1 or r.zeropp):
+        return "--zero-stage: AutoEP at ZeRO stage 3 allows neither --sp > 1 nor --zeropp"
+    return None
+
+
+def _lora_targets(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    from toolkit.errors import UserError
+    from toolkit.plan.lora import parse_lora, targets
+
+    if r.lora is None:
+        return None
+    try:
+        targets(m, parse_lora(r.lora))
+    except UserError as err:
+        return str(err)
+    return None
+
+
+def _lora_data_parallel(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """dstk wraps the HF model with peft before `deepspeed.initialize`; AutoTP, the pipeline conversion and
+    DeepSpeed-MoE replace modules peft has already wrapped, and the 1-bit optimizers are not wired for it."""
+    if r.lora is None:
+        return None
+    if r.tp * r.pp * r.sp * r.ep > 1 or r.optimizer != "adamw":
+        return (
+            f"--lora: LoRA runs with data parallelism at any ZeRO stage and AdamW; got tp={r.tp}, pp={r.pp}, "
+            f"sp={r.sp}, ep={r.ep}, optimizer={r.optimizer}"
+        )
+    return None
+
+
+def _tp_sp_needs_tp(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    if r.tp_sequence_parallel and r.tp == 1:
+        return "--tp-sequence-parallel: sequence parallelism shards over the TP group; it needs --tp > 1"
+    return None
+
+
+def _tp_sp_needs_megatron(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """DeepSpeed's AutoTP shards linear layers only; Megatron's sequence parallelism is a Megatron feature."""
+    if r.tp_sequence_parallel:
+        return "--tp-sequence-parallel: DeepSpeed AutoTP has no Megatron sequence parallelism; use --target megatron"
+    return None
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("tp_divides_heads", _tp_divides_heads),
+    Rule("pp_le_layers", _pp_le_layers),
+    Rule("pipeline_needs_zero_le_1", _pipeline_zero),
+    Rule("param_offload_needs_zero3", _param_offload_needs_zero3),
+    Rule("optimizer_offload_needs_zero", _optimizer_offload_needs_zero),
+    Rule("nvme_optimizer_needs_zero3", _nvme_optimizer_needs_zero3),
+    Rule("nvme_needs_local_nvme", _nvme_present),
+    Rule("precision_supported", _precision_supported),
+    Rule("onebit_needs_zero0", _onebit_needs_zero0),
+    Rule("ep_needs_moe", _ep_needs_moe),
+    Rule("ep_divides_experts_and_dp", _ep_divides),
+    Rule("sp_divides_heads_and_seq", _sp_divides),
+    Rule("zeropp_needs_zero3", _zeropp_needs_zero3),
+    Rule("tp_sequence_parallel_needs_tp", _tp_sp_needs_tp),
+    Rule("zeropp_needs_cuda", _zeropp_needs_cuda),
+    Rule("autotp_supports_architecture", _autotp_architecture, scope="deepspeed"),
+    Rule("pipeline_supports_architecture", _pipeline_architecture, scope="deepspeed"),
+    Rule("hf_pipeline_is_data_parallel_only", _pipeline_with_tp, scope="deepspeed"),
+    Rule("native_moe_needs_zero_le_2", _native_moe_zero3, scope="deepspeed"),
+    Rule("autoep_zero3_limits", _autoep_zero3, scope="deepspeed"),
+    Rule("tp_sequence_parallel_needs_megatron", _tp_sp_needs_megatron, scope="deepspeed"),
+    Rule("lora_targets_exist", _lora_targets),
+    Rule("lora_is_data_parallel", _lora_data_parallel, scope="deepspeed"),
+)
+
+
+def violations(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    request: LayoutRequest,
+    dp: int,
+    scopes: tuple[str, ...] = ("layout",),
+) -> list[str]:
+    """Messages of every rule in `scopes` the request breaks (empty when legal)."""
+    return [
+        msg for rule in RULES if rule.scope in scopes and (msg := rule.check(model, cluster, request, dp))
+    ]
+
+
+def broken_rules(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    request: LayoutRequest,
+    dp: int,
+    scopes: tuple[str, ...] = ("layout",),
+) -> list[tuple[str, str]]:
+    """(name, message) of the rules in `scopes` the request breaks (the planner's `rejected_because`)."""
+    return [
+        (rule.name, msg)
+        for rule in RULES
+        if rule.scope in scopes and (msg := rule.check(model, cluster, request, dp))
+    ]
+
+
+def resolve_layout(
+    model: ModelSpec, cluster: ClusterSpec, request: LayoutRequest, scopes: tuple[str, ...] = ("layout",)
+) -> Layout:
+    """Fill a request's blanks and check it against every rule in `scopes` (see :class:`toolkit.plan.rules.Rule`);
+    all violations are reported in one line."""
+    world = cluster.world_size
+    mp = request.tp * request.pp * request.sp
+    if world % mp:
+        raise UserError(
+            f"--tp/--pp/--sp: world_size({world}) = nodes({cluster.nodes}) × gpus_per_node({cluster.gpus_per_node}) "
+            f"is not divisible by tp({request.tp}) × pp({request.pp}) × sp({request.sp}) = {mp}"
+        )
+    dp = data_parallel_size(world, request.tp, request.pp, request.sp)
+    problems = violations(model, cluster, request, dp, scopes)
+    if problems:
+        raise UserError("; ".join(problems))
+    global_batch, accum = batch_arithmetic(
+        request.micro_batch_size, dp, request.global_batch_size, request.gradient_accumulation_steps
+    )
+    fields = request.model_dump()
+    fields.update(
+        precision=request.precision or default_precision(cluster),
+        dp=dp,
+        world_size=world,
+        global_batch_size=global_batch,
+        gradient_accumulation_steps=accum,
+    )
+    return Layout(**fields)

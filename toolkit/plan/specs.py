@@ -1,0 +1,330 @@
+"""Model and cluster descriptions: the two inputs to everything dstk does.
+
+Both are frozen pydantic models with ``extra="forbid"``, so a typo in a user's YAML becomes
+``cluster.yaml: gpus_per_nod: unknown field (did you mean gpus_per_node?)`` instead of a silent default.
+Field names carry their units. Derived numbers (parameter counts, world size, peak FLOP/s for a precision)
+are methods here, so no caller recomputes them.
+
+Only the standard library, pydantic and PyYAML are imported: `dstk estimate` and `dstk plan` must start fast.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Architecture = Literal["gpt2", "llama", "mistral", "mixtral", "qwen2", "bloom"]
+Accelerator = Literal["cuda", "cpu", "xpu", "hpu", "npu", "mps"]
+Precision = Literal["bf16", "fp16", "fp32"]
+
+_STRICT = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+# Defaults that follow from the architecture, as HF's own config classes set them. A file with only the
+# core names (no `architecture`) is a GPT-style decoder: learned positions, LayerNorm, biases, tied embeddings.
+_ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gpt2": dict(
+        gated_mlp=False,
+        position_embedding="learned",
+        norm="layernorm",
+        attention_bias=True,
+        mlp_bias=True,
+        tied_embeddings=True,
+        embedding_norm=False,
+        dropout=True,
+        activation="gelu_new",
+    ),
+    "bloom": dict(
+        gated_mlp=False,
+        position_embedding="alibi",
+        norm="layernorm",
+        attention_bias=True,
+        mlp_bias=True,
+        tied_embeddings=True,
+        embedding_norm=True,
+        dropout=False,
+        activation="gelu",
+    ),
+    "llama": dict(
+        gated_mlp=True,
+        position_embedding="rope",
+        norm="rmsnorm",
+        attention_bias=False,
+        mlp_bias=False,
+        tied_embeddings=False,
+        embedding_norm=False,
+        dropout=False,
+        activation="silu",
+    ),
+    "qwen2": dict(
+        gated_mlp=True,
+        position_embedding="rope",
+        norm="rmsnorm",
+        attention_bias=True,
+        attention_out_bias=False,
+        mlp_bias=False,
+        tied_embeddings=False,
+        embedding_norm=False,
+        dropout=False,
+        activation="silu",
+    ),
+}
+_ARCH_DEFAULTS["mistral"] = _ARCH_DEFAULTS["mixtral"] = _ARCH_DEFAULTS["llama"]
+
+
+def llama_ffn_hidden_size(hidden_size: int, multiple_of: int = 256) -> int:
+    """SwiGLU width that keeps the MLP's parameters at 8h² (Llama: 2/3 · 4h, rounded up to `multiple_of`).
+
+    Touvron et al. 2023 (LLaMA), §2.2 and the reference code's `FeedForward`.
+    """
+    inner = int(2 * 4 * hidden_size / 3)
+    return multiple_of * ((inner + multiple_of - 1) // multiple_of)
+
+
+class ModelSpec(BaseModel):
+    """A decoder-only transformer, dense or Mixture-of-Experts, described by its shape.
+
+    Enough to count parameters exactly as the HF implementation does and to compute FLOPs and activations.
+    """
+
+    model_config = _STRICT
+
+    name: str = "custom"
+    """Label used in reports and file names."""
+    architecture: Architecture = "gpt2"
+    """HF architecture family; sets defaults for biases, norms, positions and gating."""
+    n_layers: int = Field(gt=0)
+    """Number of transformer blocks."""
+    hidden_size: int = Field(gt=0)
+    """Model width h."""
+    n_heads: int = Field(gt=0)
+    """Attention (query) heads a."""
+    n_kv_heads: int | None = Field(default=None, gt=0)
+    """Key/value heads for grouped-query attention (default: n_heads, i.e. multi-head attention)."""
+    head_dim: int | None = Field(default=None, gt=0)
+    """Per-head width (default: hidden_size / n_heads)."""
+    ffn_hidden_size: int | None = Field(default=None, gt=0)
+    """MLP inner width (default 4·h; gated MLPs default to Llama's 2/3·4h rounded up to 256)."""
+    gated_mlp: bool | None = None
+    """SwiGLU-style MLP with gate, up and down projections (default by architecture)."""
+    vocab_size: int = Field(gt=0)
+    """Vocabulary size V."""
+    seq_length: int = Field(gt=0)
+    """Training sequence length s in tokens."""
+    max_position_embeddings: int | None = Field(default=None, gt=0)
+    """Rows of a learned position table (default: seq_length); ignored for rope/alibi."""
+    position_embedding: Literal["learned", "rope", "alibi"] | None = None
+    """How positions enter the model (default by architecture)."""
+    tied_embeddings: bool | None = None
+    """LM head shares the input embedding matrix (default true for GPT-style, false for Llama-style)."""
+    attention_bias: bool | None = None
+    """Biases on the q/k/v projections (default by architecture)."""
+    attention_out_bias: bool | None = None
+    """Bias on the attention output projection (default: attention_bias; Qwen2 has none)."""
+    mlp_bias: bool | None = None
+    """Biases in the MLP projections (default by architecture)."""
+    norm: Literal["layernorm", "rmsnorm"] | None = None
+    """LayerNorm (weight + bias) or RMSNorm (weight only) (default by architecture)."""
+    embedding_norm: bool | None = None
+    """A LayerNorm right after the word embeddings, as in BLOOM (default by architecture)."""
+    activation: Literal["gelu", "gelu_new", "silu", "relu"] | None = None
+    """MLP activation (HF names): gelu (exact, or Megatron's fused), gelu_new (GPT-2's tanh approximation in
+    five elementwise ops, which keeps more activations), silu (SwiGLU)."""
+    dropout: bool | None = None
+    """Dropout after attention, residuals and embeddings (GPT-2: yes; Llama, BLOOM: none); masks cost memory."""
+    num_experts: int = Field(default=0, ge=0)
+    """Experts per MoE layer; 0 means a dense model."""
+    moe_top_k: int = Field(default=1, gt=0)
+    """Experts each token is routed to."""
+    moe_layer_interval: int = Field(default=1, gt=0)
+    """Every k-th block is an MoE block (1 = all blocks)."""
+    moe_ffn_hidden_size: int | None = Field(default=None, gt=0)
+    """Inner width of one expert's MLP (default: ffn_hidden_size)."""
+    moe_capacity_factor: float = Field(default=1.0, gt=0)
+    """Expert capacity as a multiple of the even share of tokens (DeepSpeed MoE's default is 1.0)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_defaults(cls, data: Any) -> Any:
+        """Resolve every `None` default from the architecture, so a loaded spec is fully explicit."""
+        if not isinstance(data, dict):
+            return data
+        data = {k: v for k, v in data.items() if v is not None}
+        arch = data.get("architecture", "gpt2")
+        for key, value in _ARCH_DEFAULTS.get(arch, _ARCH_DEFAULTS["gpt2"]).items():
+            data.setdefault(key, value)
+        data.setdefault("attention_out_bias", data.get("attention_bias"))
+        heads, hidden = data.get("n_heads"), data.get("hidden_size")
+        data.setdefault("n_kv_heads", heads)
+        if isinstance(heads, int) and isinstance(hidden, int) and heads > 0 and hidden % heads == 0:
+            data.setdefault("head_dim", hidden // heads)
+        if isinstance(hidden, int) and hidden > 0:
+            gated = data.get("gated_mlp")
+            data.setdefault("ffn_hidden_size", llama_ffn_hidden_size(hidden) if gated else 4 * hidden)
+        data.setdefault("moe_ffn_hidden_size", data.get("ffn_hidden_size"))
+        data.setdefault("max_position_embeddings", data.get("seq_length"))
+        return data
+
+    @model_validator(mode="after")
+    def _check_shape(self) -> ModelSpec:
+        if self.head_dim is None:
+            raise ValueError(
+                f"n_heads: hidden_size({self.hidden_size}) is not divisible by n_heads({self.n_heads}); "
+                "give head_dim explicitly or a head count that divides hidden_size"
+            )
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"n_kv_heads: n_heads({self.n_heads}) must be a multiple of n_kv_heads({self.n_kv_heads})"
+            )
+        if self.num_experts == 1:
+            raise ValueError("num_experts: 1 expert is a dense model; use 0 (dense) or >= 2")
+        if self.num_experts and self.moe_top_k > self.num_experts:
+            raise ValueError(f"moe_top_k: {self.moe_top_k} exceeds num_experts({self.num_experts})")
+        if self.num_experts and self.moe_layer_interval > self.n_layers:
+            raise ValueError(
+                f"moe_layer_interval: {self.moe_layer_interval} exceeds n_layers({self.n_layers}); no block would be MoE"
+            )
+        if self.position_embedding == "learned" and self.max_position_embeddings < self.seq_length:
+            raise ValueError(
+                f"seq_length: {self.seq_length} exceeds max_position_embeddings({self.max_position_embeddings})"
+            )
+        return self
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def n_moe_layers(self) -> int:
+        """Blocks whose MLP is an MoE layer: every `moe_layer_interval`-th, counting from the first."""
+        return self.n_layers // self.moe_layer_interval if self.is_moe else 0
+
+
+DEFAULT_AUX_LOSS_COEF = 0.01
+"""MoE router load-balancing loss weight: Switch Transformer's α (Fedus et al. 2022, §2.2); Mixtral's
+router_aux_loss_coef is 0.02. The run half's DeepSpeed-MoE layers and the Megatron arguments both use it."""
+
+CollectiveName = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "reduce"]
+
+
+class ClusterSpec(BaseModel):
+    """A homogeneous cluster: identical nodes, each with identical accelerators.
+
+    Bandwidths are per GPU, unidirectional, in GB/s (1e9 bytes); memories in GiB (2**30 bytes) as tools
+    report them. Fields after `hostnames` have defaults so a file that gives only the first group loads.
+    """
+
+    model_config = _STRICT
+
+    name: str = "custom"
+    """Label used in reports."""
+    nodes: int = Field(gt=0)
+    """Number of nodes."""
+    gpus_per_node: int = Field(gt=0)
+    """Accelerators (or CPU ranks) per node."""
+    accelerator: Accelerator = "cuda"
+    """DeepSpeed accelerator name."""
+    gpu_memory_gib: float = Field(gt=0)
+    """Usable memory per accelerator (for `cpu`: host memory available to one rank)."""
+    gpu_peak_tflops: float = Field(gt=0)
+    """Dense bf16/fp16 peak per accelerator, TFLOP/s (no sparsity)."""
+    intra_node_gb_per_s: float = Field(gt=0)
+    """Accelerator-to-accelerator bandwidth inside a node (NVLink/NVSwitch), per GPU, GB/s."""
+    inter_node_gb_per_s: float = Field(gt=0)
+    """Network bandwidth between nodes, per GPU (NIC share), GB/s."""
+    cpu_memory_gib: float = Field(gt=0)
+    """Host memory per node."""
+    nvme_gib: float = Field(default=0, ge=0)
+    """Local NVMe capacity per node; 0 means none (no NVMe offload)."""
+    hostnames: list[str] | None = None
+    """Node hostnames for the hostfile (default: localhost for one node)."""
+    gpu_fp32_peak_tflops: float | None = Field(default=None, gt=0)
+    """fp32 (non-tensor-core) peak per accelerator, TFLOP/s (default: gpu_peak_tflops / 16, the A100 ratio)."""
+    supports_bf16: bool = True
+    """bf16 arithmetic is available (false on V100-class GPUs)."""
+    supports_fp16: bool | None = None
+    """fp16 is available (default: false on cpu, where DeepSpeed rejects it, true elsewhere)."""
+    gpu_memory_gb_per_s: float = Field(default=2000, gt=0)
+    """Accelerator memory (HBM) bandwidth, GB/s; bounds memory-bound kernels and the optimizer step."""
+    gpu_matmul_efficiency: float = Field(default=0.75, gt=0, le=1)
+    """Sustained fraction of peak that training-sized GEMMs reach (A100 preset 0.7); `dstk calibrate` measures it."""
+    gpu_sm_count: int | None = Field(default=None, gt=0)
+    """Streaming multiprocessors per GPU (A100 108, H100 SXM 132). With it, each GEMM's efficiency also
+    carries its tile and wave quantization (NVIDIA, "Matrix Multiplication Background User's Guide" §3): a
+    thin TP shard or a short sequence fills fewer of the GPU's tile slots than a large GEMM. Unset (CPU,
+    unknown GPU): one efficiency for every shape."""
+    attention_efficiency: float | None = Field(default=None, gt=0, le=1)
+    """Fraction of peak the fused attention kernel (SDPA / FlashAttention) sustains forward and backward, its
+    FLOPs counted as 4·s·h per token and block (default: gpu_matmul_efficiency). `dstk calibrate` measures it;
+    on CPU it is a third of the GEMM figure, on GPUs FlashAttention-2 reaches 50-70 % of peak (Dao 2023)."""
+    pcie_gb_per_s: float = Field(default=25, gt=0)
+    """Host-to-accelerator bandwidth per GPU, GB/s (PCIe Gen4 x16 ≈ 25 achievable)."""
+    nvme_gb_per_s: float = Field(default=6, gt=0)
+    """Aggregate NVMe read/write bandwidth per node, GB/s."""
+    cpu_memory_gb_per_s: float = Field(default=150, gt=0)
+    """Achievable host memory bandwidth per node, GB/s; bounds the CPU Adam step of ZeRO-Offload."""
+    collective_bus_gb_per_s: dict[CollectiveName, float] | None = None
+    """Intra-node bus bandwidth (nccl-tests' convention) of each collective where the backend's algorithms
+    differ — gloo on CPU runs all-gather and reduce-scatter at a third of its all-reduce; `dstk calibrate`
+    measures it. Unset (NCCL, whose rings give every collective the same bus bandwidth): intra_node_gb_per_s."""
+    collective_latency_us: float = Field(default=10, ge=0)
+    """Fixed cost of one collective call (launch + synchronisation), microseconds."""
+    gpu_power_w: float = Field(default=400, gt=0)
+    """Board power per accelerator under training load, W (for energy estimates)."""
+    kernel_launch_us: float = Field(default=5, ge=0)
+    """Host-side cost of issuing one kernel (or, on CPU, one eager op); small models are bound by it."""
+    step_overhead_ms: float = Field(default=0, ge=0)
+    """Host time the training engine spends per optimizer step beyond the arithmetic (bookkeeping, clipping,
+    scheduler, loss reduction), not hidden behind accelerator work. `dstk calibrate` measures it from a model
+    too small to compute anything; on GPUs it overlaps the kernels of the step, hence 0 in their presets."""
+    optimizer_ns_per_param: dict[Literal["replicated", "partitioned"], float] | None = None
+    """Measured cost of DeepSpeed's 16-bit optimizer step (norm, clipping, AdamW, 16-bit copy; not its
+    all-gather) per parameter a rank updates, by code path: `replicated` is ZeRO-0's per-tensor step,
+    `partitioned` ZeRO-1/2/3's step over one flat fp32 partition that is flattened and cast afresh every
+    step. `dstk calibrate` measures both on the CPU accelerator, where they differ 2–3× (the partition's
+    temporaries exceed glibc's 32 MiB mmap ceiling and are page-faulted in anew each step — 506 MB of minor
+    faults per ZeRO-1/2 step of a 63M GPT-2 against 200 MB at ZeRO-0, benchmarks/step_memory.py — and its
+    extra passes are memory-bound on the same cores). Unset: the analytic bytes-per-parameter model."""
+    storage_gb_per_s: float = Field(default=5, gt=0)
+    """Checkpoint write bandwidth per node to the shared filesystem, GB/s."""
+    node_mtbf_hours: float = Field(default=6300, gt=0)
+    """Mean time between failures of one node, hours (Llama 3: 419 unexpected interruptions in 54 days on
+    2,048 nodes ≈ 6,300 h; Dubey et al. 2024, §3.3.4)."""
+    launcher: Literal["pdsh", "openmpi", "mvapich", "slurm", "mpich", "impi"] = "pdsh"
+    """Backend the `deepspeed` launcher uses to start ranks on other nodes."""
+    network_interface: str | None = None
+    """NIC for NCCL/gloo bootstrap (exported as NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME), e.g. ib0."""
+    master_addr: str | None = None
+    """Address of the rank-0 node (default: the first hostname)."""
+    framework_overhead_gib: float = Field(default=1.0, ge=0)
+    """Memory per rank the engine holds before any tensor: CUDA context, NCCL/gloo buffers, allocator reserve."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_defaults(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = {k: v for k, v in data.items() if v is not None}
+        data.setdefault("supports_fp16", data.get("accelerator", "cuda") != "cpu")
+        peak = data.get("gpu_peak_tflops")
+        if isinstance(peak, (int, float)) and peak > 0:
+            data.setdefault("gpu_fp32_peak_tflops", peak / 16)
+        return data
+
+    @model_validator(mode="after")
+    def _check_hosts(self) -> ClusterSpec:
+        if self.hostnames is not None and len(self.hostnames) != self.nodes:
+            raise ValueError(f"hostnames: {len(self.hostnames)} names given for nodes({self.nodes})")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def peak_flops(self, precision: Precision) -> float:
+        """Peak FLOP/s per accelerator at the training precision."""
+        tflops = self.gpu_fp32_peak_tflops if precision == "fp32" else self.gpu_peak_tflops
+        return tflops * 1e12
+
+    def supports(self, precision: Precision) -> bool:
+        return {"bf16": self.supports_bf16, "fp16": bool(self.supports_fp16), "fp32": True}[precision]

@@ -1,0 +1,70 @@
+"""Held-out evaluation of the engine a Trainer (toolkit.run.loop) drives: the plain engine's forward under
+no_grad, or the pipeline engine's own eval schedule."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from toolkit.data.loader import eval_batches
+from toolkit.run.loop_state import mean_over_ranks
+
+
+def evaluate(trainer: Any) -> dict[str, float]:
+    """Held-out loss and perplexity. Evaluation draws from its own RNG stream (forked, seeded by the run
+    seed), so it neither perturbs training's randomness nor depends on it: a resumed run and an
+    uninterrupted one evaluate and continue identically (MoE gates draw random numbers even in eval)."""
+    import torch
+
+    assert trainer.eval_data is not None
+    devices = [] if trainer.rt.accelerator == "cpu" else [trainer.rt.local_rank]
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(trainer.opts.seed + 7919)
+        return _evaluate(trainer)
+
+
+def _evaluate(trainer: Any) -> dict[str, float]:
+    import torch
+
+    assert trainer.eval_data is not None
+    if trainer.layout.pp > 1:
+        return _pipeline_evaluate(trainer)
+    trainer.engine.eval()
+    total, tokens = 0.0, 0
+    with torch.no_grad():
+        for batch in eval_batches(
+            trainer.eval_data,
+            trainer.layout.micro_batch_size,
+            trainer.dp_rank,
+            trainer.dp_size,
+            trainer.opts.eval_rows,
+        ):
+            out = trainer.engine(
+                input_ids=batch.input_ids.to(trainer.rt.device), labels=batch.labels.to(trainer.rt.device)
+            )
+            n = int((batch.labels[:, 1:] != -100).sum())
+            total += float(out.loss.float()) * n
+            tokens += n
+            if trainer.aux_loss is not None:
+                trainer.aux_loss.pop()  # evaluation reports the language-model loss alone
+    trainer.engine.train()
+    loss = mean_over_ranks(total / max(tokens, 1), trainer.rt)
+    return {"loss": loss, "perplexity": math.exp(min(loss, 50.0))}
+
+
+def _pipeline_evaluate(trainer: Any) -> dict[str, float]:
+    """The pipeline engine's own eval schedule; it averages the micro-batch losses on the last stage and
+    broadcasts the result to every stage."""
+    batches = [
+        (b.input_ids.to(trainer.rt.device), b.labels.to(trainer.rt.device))
+        for b in eval_batches(
+            trainer.eval_data,
+            trainer.layout.micro_batch_size,
+            trainer.dp_rank,
+            trainer.dp_size,
+            trainer.opts.eval_rows,
+        )
+    ]
+    loss = float(trainer.engine.eval_batch(iter(batches), num_micro_batches=len(batches)))
+    loss = mean_over_ranks(loss, trainer.rt)
+    return {"loss": loss, "perplexity": math.exp(min(loss, 50.0))}

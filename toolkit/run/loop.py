@@ -1,0 +1,389 @@
+"""The training loop around a DeepSpeed engine: micro-batches, evaluation, metrics, checkpoints, resume.
+
+Gradient accumulation, clipping and the LR schedule are the engine's (from the config): each micro-batch is
+`engine(...)`, `engine.backward(loss)`, `engine.step()`, and the engine applies the optimizer at the
+accumulation boundary. dstk adds the data position, evaluation, throughput/MFU/memory metrics, crash-safe
+checkpoints (:mod:`toolkit.run.checkpoint`) and the spike guard's rollbacks (:mod:`toolkit.run.stability`). With
+dynamic batching (:mod:`toolkit.data.dynamic`) the micro-batches vary in shape but not in number, and dstk
+sets each step's learning rate before the step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from pathlib import Path
+from typing import Any
+
+from toolkit.data.dynamic import Batching, resolve, scheduled_lrs, set_lrs
+from toolkit.data.loader import DynamicLoader, Step, TrainLoader, load_split
+from toolkit.errors import UserError
+from toolkit.plan.layout import Layout, data_parallel_size
+from toolkit.plan.specs import ModelSpec
+from toolkit.run.checkpoint import Checkpointer
+from toolkit.run.engine_state import held_bytes
+from toolkit.run.evaluate import evaluate
+from toolkit.run.loop_state import LEAN_STEPS, LoopOptions, Record, gather, means_over_ranks
+from toolkit.run.metrics import Logger, Meter, current_rss_bytes, peak_memory_bytes
+from toolkit.run.runtime import Runtime, allow_heap_reuse, rng_state, set_rng_state
+from toolkit.run.stability import (
+    CLEAR,
+    Fault,
+    SpikeGuard,
+    Verdict,
+    corrupt,
+    engine_grad_norm,
+    engine_reports_grad_norm,
+    local_grad_norm,
+    rollback_tag,
+    unclipped,
+)
+
+
+class Trainer:
+    def __init__(
+        self,
+        engine: Any,
+        model: ModelSpec,
+        layout: Layout,
+        rt: Runtime,
+        data_dir: Path,
+        run_dir: Path,
+        checkpointer: Checkpointer | None,
+        opts: LoopOptions,
+        peak_flops: float | None,
+        aux_loss: Any = None,
+    ) -> None:
+        self.engine, self.model, self.layout, self.rt, self.opts = engine, model, layout, rt, opts
+        self.compressed_optimizer: Any = None
+        """dstk's 1-bit Adam / 0/1 Adam when the config asks for it; its error-feedback buffers are per rank
+        and DeepSpeed saves only rank 0's optimizer state at ZeRO-0, so they travel in dstk's rank files."""
+        self.aux_loss = aux_loss
+        """Router load-balancing losses of dstk's MoE layers (toolkit.parallel.moe.AuxLoss), added to the LM loss."""
+        self.ckpt = checkpointer
+        self.run_dir = run_dir
+        self.train_data = load_split(data_dir / "train", opts.seed)
+        self.eval_data = (
+            load_split(data_dir / "validation", opts.seed) if (data_dir / "validation").exists() else None
+        )
+        self.dp_size = data_parallel_size(rt.world_size, layout.tp, layout.pp, layout.sp)
+        self.dp_rank = rt.rank // (layout.tp * layout.sp) % self.dp_size
+        self.batching: Batching | None = None
+        if opts.batching is not None:
+            self.batching = resolve(
+                opts.batching,
+                seq_length=self.train_data.seq_length,
+                dp=self.dp_size,
+                gradient_accumulation=layout.gradient_accumulation_steps,
+                micro_batch=layout.micro_batch_size,
+                pipeline_stages=layout.pp,
+                seed=opts.seed,
+            )
+        self._initial_lrs = [group["lr"] for group in engine.optimizer.param_groups]
+        """The rates before any step: what dynamic batching scales until the scheduler has stepped."""
+        self._step_values: dict[str, float] = {}
+        """This step's dynamic-batching figures, logged with its loss."""
+        self.step = 0
+        self.position = 0
+        self.resumed = False
+        self.saved_steps: list[int] = []
+        """Steps this run checkpointed or resumed from: the only checkpoints a rollback may return to."""
+        self._rolled_back_to: int | None = None
+        """The last rollback's checkpoint, until a newer one is written: a spike before then means that
+        checkpoint already held the damage (e.g. Adam's moments after an unclipped gradient), so the next
+        rollback goes further back."""
+        self.guard = SpikeGuard(opts.guard, engine) if opts.guard else None
+        if self.guard is not None and checkpointer is None:
+            raise UserError("--spike-guard: needs --checkpoint-dir (it rolls back to the last checkpoint)")
+        if opts.faults and layout.pp > 1:
+            raise UserError("--inject-fault: not with pipeline parallelism")
+        self._own_grad_norm = (
+            self.guard is not None and layout.pp == 1 and not engine_reports_grad_norm(engine)
+        )
+        """The engine computes no gradient norm (a torch optimizer at ZeRO-0): dstk does, for the guard."""
+        self._grad_norm: float | None = None
+        self.record = Record()
+        tokens = layout.global_batch_size * self.train_data.seq_length
+        self.meter = Meter(
+            model, rt.world_size, tokens, peak_flops, warmup=LEAN_STEPS, frozen=layout.lora is not None
+        )
+        self._steps_here = 0
+        """Optimizer steps this process has run (resumed runs start counting again)."""
+        self._lean_peak: int | None = None
+        """Peak memory of this rank over set-up and the first LEAN_STEPS steps (see `_after_step`)."""
+
+    def resume(self, tag: str) -> None:
+        client_state = self._load(tag)
+        self.resumed = True
+        if self.guard is not None and client_state.get("guard"):
+            self.guard.load_state(client_state["guard"], self.engine)
+
+    def _load(self, tag: str) -> dict[str, Any]:
+        """Engine, data position, RNGs and losses as checkpoint `tag` holds them; its client state."""
+        assert self.ckpt is not None
+        r = self.ckpt.load(self.engine, tag)
+        saved = r.client_state.get("loader", "fixed")
+        if saved != self._loader_kind():
+            raise UserError(
+                f"--resume: {tag} was written by the {saved} data loader and this run uses the "
+                f"{self._loader_kind()} one (their data positions differ): resume with the same "
+                "--token-budget/--curriculum-steps setting"
+            )
+        self.step, self.position = r.step, r.position
+        self.saved_steps.append(r.step)
+        rank_state = r.client_state.get("rank_state", {})
+        if rank_state.get("rng"):
+            set_rng_state(rank_state["rng"])
+        if self.compressed_optimizer is not None and rank_state.get("compressed_optimizer"):
+            self.compressed_optimizer.load_rank_state(rank_state["compressed_optimizer"])
+        self.record.losses = list(r.client_state.get("losses", []))
+        return r.client_state
+
+    def _loader_kind(self) -> str:
+        return "fixed" if self.batching is None else "dynamic"
+
+    def _loader(self) -> TrainLoader | DynamicLoader:
+        if self.batching is not None:
+            return DynamicLoader(
+                self.train_data, self.batching, self.dp_rank, self.dp_size, self.position, self.step
+            )
+        return TrainLoader(
+            self.train_data,
+            self.layout.global_batch_size,
+            self.layout.micro_batch_size,
+            self.dp_rank,
+            self.dp_size,
+            position=self.position,
+        )
+
+    def _micro_step(self, batch: Any, measure: bool, fault: Fault | None = None) -> float:
+        engine = self.engine
+        out = engine(input_ids=batch.input_ids.to(self.rt.device), labels=batch.labels.to(self.rt.device))
+        loss = out.loss
+        if self.aux_loss is not None:
+            aux = self.aux_loss.pop()
+            self.record.aux_losses.append(float(aux.detach()))
+            loss = loss + aux
+        if fault is not None:
+            loss = corrupt(loss, fault)
+        engine.backward(loss)
+        boundary = engine.is_gradient_accumulation_boundary()
+        if measure:
+            # the most the engine holds after any backward of the step: during accumulation ZeRO-1 keeps
+            # whole gradients and ZeRO-2 two partitions, released by the reduction at the boundary
+            held = gather(held_bytes(engine)["model_states"])
+            before = self.record.model_states.get("after_backward", held)
+            self.record.model_states["after_backward"] = [
+                max(a, b) for a, b in zip(before, held, strict=True)
+            ]
+        if boundary and self._own_grad_norm:
+            self._grad_norm = local_grad_norm(engine)  # before step() clips and zeroes the gradients
+        spike = fault is not None and fault.kind == "spike" and boundary
+        with unclipped(engine) if spike else contextlib.nullcontext():
+            engine.step()
+        return math.nan if fault is not None and fault.kind == "nan" else float(out.loss.detach().float())
+
+    def _pipeline_step(self, micro_batches: list[Any]) -> float:
+        """One optimizer step of the pipeline engine: it pulls the micro-batches itself (1F1B schedule)."""
+        batches = iter([(b.input_ids.to(self.rt.device), b.labels.to(self.rt.device)) for b in micro_batches])
+        return float(self.engine.train_batch(data_iter=batches))
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out loss and perplexity (toolkit.run.evaluate)."""
+        return evaluate(self)
+
+    def _rank_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"rng": rng_state()}
+        if self.compressed_optimizer is not None:
+            state["compressed_optimizer"] = self.compressed_optimizer.rank_state()
+        return state
+
+    def save(self) -> None:
+        if self.ckpt is None:
+            return
+        fault = self.opts.fault_after_first_shard_at == self.step
+        extra: dict[str, Any] = {
+            "losses": self.record.losses,
+            "layout": self.layout.model_dump(),
+            "loader": self._loader_kind(),
+        }
+        if self.guard is not None:
+            extra["guard"] = self.guard.state()
+        self.ckpt.save(
+            self.engine, self.step, self.position, extra, self._rank_state(), fault_after_first_shard=fault
+        )
+        self.saved_steps.append(self.step)
+        self._rolled_back_to = None
+
+    def _train_step(self, micro_batches: list[Any]) -> tuple[float, float | None]:
+        """One optimizer step: (loss, global gradient norm or None), averaged over the ranks."""
+        # model states are measured in the second step: Adam creates its moments lazily in the first
+        first = self.step == 1 or (self.opts.steps == 1 and self.step == 0)
+        gb = self.layout.global_batch_size
+        fault = next((f for f in self.opts.faults if f.fires(self.step + 1, self.position, gb)), None)
+        self.meter.start()
+        if self.layout.pp > 1:
+            losses = [self._pipeline_step(micro_batches)]
+        else:
+            losses = [self._micro_step(b, measure=first, fault=fault) for b in micro_batches]
+        self.meter.stop()
+        if first:
+            self.record.model_states["after_step"] = gather(held_bytes(self.engine)["model_states"])
+        self._after_step()
+        if self.guard is not None:
+            self.guard.apply_lr(self.engine)  # the scheduler has just set the next step's rate
+        norm = engine_grad_norm(self.engine)
+        norm = self._grad_norm if norm is None else norm
+        means = means_over_ranks([sum(losses) / len(losses)] + ([] if norm is None else [norm]), self.rt)
+        return means[0], (None if norm is None else means[1])
+
+    def run(self, logger: Logger) -> None:
+        if self.guard is not None and self.step not in self.saved_steps:
+            self.save()  # something to roll back to before the first periodic checkpoint
+        loader = self._loader()
+        steps = loader.steps()
+        save_due = False
+        try:
+            while self.step < self.opts.steps:
+                loss, grad_norm = self._train_step(self._begin_step(next(steps)))
+                self.step += 1
+                self.position = loader.position
+                verdict = self.guard.check(self.step, loss, grad_norm) if self.guard else CLEAR
+                if verdict.spike:
+                    steps.close()
+                    self._roll_back(verdict, logger)
+                    save_due = False  # the state rolled back to is a checkpoint
+                    loader = self._loader()
+                    steps = loader.steps()
+                    continue
+                self.record.losses.append(loss)
+                logger.advance()
+                if self.step % self.opts.log_every == 0 or self.step == self.opts.steps:
+                    self._log(logger, loss, grad_norm)
+                if (
+                    self.opts.eval_every
+                    and self.eval_data is not None
+                    and self.step % self.opts.eval_every == 0
+                ):
+                    result = self.evaluate()
+                    self.record.evals.append({"step": self.step, **result})
+                    logger.log(self.step, result, prefix="eval")
+                save_due = save_due or bool(self.opts.save_every and self.step % self.opts.save_every == 0)
+                if save_due and not verdict.suspect:  # a state inside an anomalous streak waits for the end
+                    self.save()
+                    save_due = False
+                if (
+                    self.opts.crash_at_step == self.step
+                    and not self.resumed
+                    and self.rt.rank == self.opts.crash_rank
+                ):
+                    import os
+                    import signal
+
+                    os.kill(os.getpid(), signal.SIGKILL)
+        finally:
+            steps.close()
+
+    def _begin_step(self, item: list[Any] | Step) -> list[Any]:
+        """The micro-batches of the next step. A dynamic step also sets the step's learning rate — the
+        schedule's rate × the batch's factor (toolkit.data.dynamic.lr_factor) × the spike guard's scale, on
+        every rank alike (the plan is global) — and the tokens the throughput figures count."""
+        if not isinstance(item, Step):
+            return item
+        assert self.batching is not None
+        plan = item.plan
+        factor = self.batching.lr_factor(plan.tokens)
+        guard = self.guard.lr_scale if self.guard is not None else 1.0
+        lrs = scheduled_lrs(self.engine.lr_scheduler, self._initial_lrs)
+        rates = set_lrs(self.engine.optimizer.param_groups, lrs, factor * guard)
+        self.meter.tokens_per_step = plan.tokens
+        self._step_values = {
+            "lr": rates[0],
+            "lr_factor": factor,
+            "tokens": plan.tokens,
+            "sequences": plan.rows,
+            "seq_length": plan.length,
+            "padding_fraction": plan.padding_fraction,
+        }
+        return item.micro_batches
+
+    def _log(self, logger: Logger, loss: float, grad_norm: float | None) -> None:
+        values = {
+            "loss": loss,
+            "lr": float(self.engine.get_lr()[0]),
+            "rss_bytes": current_rss_bytes(),
+            **self.meter.rates(self.meter.step_times[-1]),
+            **self._step_values,
+        }
+        if grad_norm is not None:
+            values["grad_norm"] = grad_norm
+        logger.log(self.step, values)
+
+    def _roll_back(self, verdict: Verdict, logger: Logger) -> None:
+        """Back to this run's newest checkpoint before the anomalous streak began, with the data position moved
+        past everything read since (PaLM's recipe: the batches before and during the spike are skipped)."""
+        assert self.guard is not None
+        guard, spike_step, skip_to = self.guard, self.step, self.position
+        event: dict[str, Any] = {
+            "event": "spike",
+            "step": spike_step,
+            "reason": verdict.reason,
+            "episode_start": verdict.episode_start,
+        }
+        if guard.rollbacks >= guard.opts.max_rollbacks:
+            logger.event({**event, "action": "stop", "rollbacks": guard.rollbacks})
+            raise UserError(
+                f"--max-rollbacks: a spike after {guard.rollbacks} rollback(s) ({verdict.reason}): the run does "
+                f"not recover; lower the learning rate (--spike-lr-factor) or inspect the data "
+                f"(see {self.run_dir / 'events.jsonl'})"
+            )
+        before = verdict.episode_start or spike_step
+        if self._rolled_back_to is not None and self._rolled_back_to < before:
+            before = self._rolled_back_to
+            event["escalated"] = True  # it spiked again before a new checkpoint: one further back
+        self._load(rollback_tag(self.ckpt, self.saved_steps, before))
+        self._rolled_back_to = self.step
+        skipped = [self.position, skip_to]
+        self.position = skip_to
+        self.record.evals = [e for e in self.record.evals if e["step"] <= self.step]
+        guard.after_rollback(self.engine)
+        event.update(rolled_back_to=self.step, skipped_rows=skipped)
+        # steps of data skipped: rows / global batch, or (dynamic batches vary in rows) the steps undone
+        gb = self.layout.global_batch_size
+        guard.report(
+            logger, event, (skip_to - skipped[0]) // gb if self.batching is None else spike_step - self.step
+        )
+
+    def param_norm(self) -> float:
+        """L2 norm of every fp32 parameter value, gathered across ZeRO-3 partitions — compares two runs' weights."""
+        import deepspeed
+        import torch
+
+        from toolkit.run.runtime import settle_zero3
+
+        params = list(self.engine.module.parameters())
+        settle_zero3(self.engine)
+        with deepspeed.zero.GatheredParameters(params, enabled=self.layout.zero_stage == 3):
+            return float(torch.sqrt(sum(p.detach().double().pow(2).sum() for p in params)))
+
+    def _after_step(self) -> None:
+        """After this process's first LEAN_STEPS steps: note the peak memory, then let glibc reuse freed heap.
+
+        Until then the process runs with the 128 KiB mmap threshold `keep_large_blocks_in_mmap` set, so on
+        the CPU accelerator every large tensor is its own mapping and RSS is what is alive — the analogue of
+        CUDA's `max_memory_allocated`, which is what the cost model predicts. Afterwards `allow_heap_reuse`
+        keeps freed buffers in the heap: 22 % faster steps on CPU (63M GPT-2: 3.50 → 2.73 s), but RSS then
+        also holds free heap the allocator keeps (0.5–1.1 GiB above the prediction at ZeRO-1/2/3 on that
+        model when the switch came first), as CUDA's caching allocator holds reserved memory. `summary.json` reports both."""
+        self._steps_here += 1
+        if self._steps_here == LEAN_STEPS:
+            self._lean_peak = peak_memory_bytes(self.rt.accelerator)
+            allow_heap_reuse()
+
+    def peak_memory(self) -> list[int]:
+        """Per rank: peak allocated on an accelerator; on CPU the peak RSS up to the allocator switch."""
+        return gather(self._lean_peak or peak_memory_bytes(self.rt.accelerator))
+
+    def peak_rss(self) -> list[int] | None:
+        """Per rank on CPU: peak RSS over the whole run, free heap the allocator kept included."""
+        return gather(peak_memory_bytes("cpu")) if self.rt.accelerator == "cpu" else None

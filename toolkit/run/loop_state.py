@@ -1,0 +1,74 @@
+"""What the training loop is given and what it records (toolkit.run.loop), and the reductions over ranks its
+metrics use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from toolkit.data.dynamic import DynamicOptions
+from toolkit.run.runtime import Runtime
+from toolkit.run.stability import Fault, GuardOptions
+
+
+@dataclass
+class LoopOptions:
+    steps: int
+    log_every: int = 10
+    eval_every: int = 0
+    eval_rows: int = 64
+    eval_only: bool = False
+    """Evaluate the (resumed) model once and stop, training nothing."""
+    save_every: int = 0
+    seed: int = 0
+    progress: bool = True
+    fault_after_first_shard_at: int | None = None
+    """Test-only: abort inside the save of this step, after DeepSpeed wrote its shards."""
+    crash_at_step: int | None = None
+    """Test-only: SIGKILL rank `crash_rank` right after this step, as a node failure would — only in a run that
+    did not resume, so the restarted job gets past it."""
+    crash_rank: int = 0
+    guard: GuardOptions | None = None
+    """The spike guard; it rolls back to checkpoints, so it needs a Checkpointer."""
+    faults: tuple[Fault, ...] = ()
+    """Test-only: faults to inject (see toolkit.run.stability.Fault)."""
+    batching: DynamicOptions | None = None
+    """Token-budget batching and/or the sequence-length curriculum (toolkit.data.dynamic); None: fixed
+    micro-batches of the config's size."""
+
+
+@dataclass
+class Record:
+    """What the run measured; written to `summary.json` by rank 0."""
+
+    losses: list[float] = field(default_factory=list)
+    evals: list[dict[str, float]] = field(default_factory=list)
+    model_states: dict[str, list[int]] = field(default_factory=dict)
+    aux_losses: list[float] = field(default_factory=list)
+    """Weighted router losses added to each micro-batch's loss on this rank (MoE models)."""
+
+
+def means_over_ranks(values: list[float], rt: Runtime) -> list[float]:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t)
+    return [float(v) / rt.world_size for v in t]
+
+
+def mean_over_ranks(value: float, rt: Runtime) -> float:
+    return means_over_ranks([value], rt)[0]
+
+
+LEAN_STEPS = 2
+"""Steps run with large tensors mmapped (RSS = live memory) before heap reuse is allowed; also the steps the
+step-time median leaves out (the first pays JIT and lazy optimizer-state creation, both pay page faults)."""
+
+
+def gather(value: Any) -> list[Any]:
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out

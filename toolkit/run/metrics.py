@@ -1,0 +1,145 @@
+"""Training metrics: throughput, TFLOP/s and MFU with the cost model's own FLOPs formula, memory, and where
+they go (DeepSpeed's monitors — TensorBoard, CSV, wandb — a JSONL log and the rank-0 progress bar)."""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from toolkit.plan.cost.flops import model_tflops_per_gpu
+from toolkit.plan.specs import ModelSpec
+
+
+def peak_memory_bytes(accelerator: str) -> int:
+    """Peak memory of this rank: max allocated on an accelerator, peak RSS (VmHWM) on the CPU accelerator."""
+    if accelerator != "cpu":
+        import deepspeed
+
+        return int(deepspeed.get_accelerator().max_memory_allocated())
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def current_rss_bytes() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+@dataclass
+class Meter:
+    """Per-step timing and the derived figures; the first `warmup` steps (JIT, allocator) are excluded."""
+
+    model: ModelSpec
+    world_size: int
+    tokens_per_step: int
+    peak_flops: float | None
+    warmup: int = 1
+    frozen: bool = False
+    """LoRA: the base weights get no gradients, so a token costs 4·N model FLOPs (as the estimate counts)."""
+    step_times: list[float] = field(default_factory=list)
+    _t0: float = 0.0
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def stop(self) -> float:
+        dt = time.perf_counter() - self._t0
+        self.step_times.append(dt)
+        return dt
+
+    @property
+    def measured(self) -> list[float]:
+        return self.step_times[self.warmup :] or self.step_times
+
+    @property
+    def step_time_s(self) -> float:
+        times = sorted(self.measured)
+        return times[len(times) // 2] if times else float("nan")
+
+    def rates(self, step_s: float) -> dict[str, float]:
+        tokens_per_s = self.tokens_per_step / step_s
+        tflops = model_tflops_per_gpu(self.model, tokens_per_s, self.world_size, self.frozen)
+        out = {"tokens_per_s": tokens_per_s, "tflops_per_gpu": tflops}
+        if self.peak_flops:
+            out["mfu"] = tflops * 1e12 / self.peak_flops
+        return out
+
+
+class Logger:
+    """Rank 0 writes metrics to DeepSpeed's monitors (when configured), `metrics.jsonl` and the progress bar."""
+
+    def __init__(
+        self, run_dir: Path, engine: Any, is_main: bool, total_steps: int, start_step: int, progress: bool
+    ) -> None:
+        self.is_main, self.engine, self.run_dir = is_main, engine, run_dir
+        self.file = None
+        self.bar = None
+        if is_main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            self.file = (run_dir / "metrics.jsonl").open("a", encoding="utf-8")
+            if progress:
+                from tqdm import tqdm
+
+                self.bar = tqdm(
+                    total=total_steps, initial=start_step, unit="step", dynamic_ncols=True, file=sys.stderr
+                )
+
+    def log(self, step: int, values: dict[str, float], prefix: str = "train") -> None:
+        if not self.is_main:
+            return
+        record = {"step": step, "split": prefix, **values}
+        assert self.file is not None
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        monitor = getattr(self.engine, "monitor", None)
+        if monitor is not None and getattr(monitor, "enabled", False):
+            monitor.write_events(
+                [(f"{prefix.capitalize()}/dstk/{k}", float(v), step) for k, v in values.items()]
+            )
+        if self.bar is not None and prefix == "train":
+            self.bar.set_postfix(
+                {k: f"{v:.4g}" for k, v in values.items() if k in ("loss", "tokens_per_s", "mfu")}
+            )
+
+    def event(self, record: dict[str, Any]) -> None:
+        """A discrete event (a spike-guard rollback): one line of `events.jsonl` beside the metrics, so a run's
+        history can be read without scanning every step."""
+        if not self.is_main:
+            return
+        with (self.run_dir / "events.jsonl").open("a", encoding="utf-8") as f:
+            f.write(json.dumps({"time": time.time(), **record}) + "\n")
+
+    def advance(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def rewind(self, step: int) -> None:
+        """The run went back to `step` (a rollback): the progress bar follows."""
+        if self.bar is not None:
+            self.bar.n = step
+            self.bar.refresh()
+
+    def message(self, text: str) -> None:
+        if self.is_main:
+            (self.bar.write if self.bar is not None else print)(text)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.file is not None:
+            self.file.close()

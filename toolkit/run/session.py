@@ -1,0 +1,243 @@
+"""`dstk train`: what the launcher runs on every rank. Wires the parts together and nothing else.
+
+model description + DeepSpeed config → HF model (under zero.Init for ZeRO-3) → `deepspeed.initialize` →
+:class:`~toolkit.run.loop.Trainer` (data, eval, metrics, checkpoints) → summary with measured vs predicted.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from toolkit.errors import UserError
+from toolkit.plan.specs import ClusterSpec, ModelSpec
+
+
+@dataclass
+class TrainRun:
+    model: ModelSpec
+    config: dict[str, Any]
+    data: Path | None
+    run_dir: Path
+    checkpoint_dir: Path | None
+    resume: str
+    init_from: Path | None
+    cluster: ClusterSpec | None
+    keep_last: int
+    loop: Any  # toolkit.run.loop.LoopOptions
+    lora: str | None = None
+    """LoRA spec (`r=16,alpha=32`): adapters train, the base stays frozen; from --lora or the config's plan."""
+
+
+def _prepare_default_data(run: TrainRun, rt: Any) -> Path:
+    """Without --data: the generated demo corpus, tokenized for this model (rank 0 prepares, others wait)."""
+    import torch.distributed as dist
+
+    from toolkit.data.corpus import write_corpus
+    from toolkit.data.prepare import MANIFEST, prepare
+
+    out = run.run_dir / "data"
+    if rt.is_main and not (out / MANIFEST).is_file():
+        files = write_corpus(out / "raw", seed=run.loop.seed)
+        prepare(
+            files, out, run.model.seq_length, vocab_size=min(run.model.vocab_size, 4096), seed=run.loop.seed
+        )
+    dist.barrier()
+    return out
+
+
+def _check_data(model: ModelSpec, data: Path) -> None:
+    from toolkit.data.prepare import MANIFEST
+
+    path = data / MANIFEST
+    if not path.is_file():
+        raise UserError(f"--data: {data} has no {MANIFEST}; make it with dstk data prepare")
+    manifest = json.loads(path.read_text())
+    if manifest["vocab_size"] > model.vocab_size:
+        raise UserError(
+            f"--data: tokenizer vocabulary {manifest['vocab_size']} exceeds the model's vocab_size {model.vocab_size}"
+        )
+    if manifest["seq_length"] > model.max_position_embeddings and model.position_embedding == "learned":
+        raise UserError(
+            f"--data: sequences of {manifest['seq_length']} exceed max_position_embeddings {model.max_position_embeddings}"
+        )
+
+
+def _moe(model: Any, spec: ModelSpec, layout: Any) -> tuple[Any, Any]:
+    """(router-loss collector, optimizer parameters): dense models with experts get DeepSpeed MoE layers and
+    expert parameter groups; Mixtral keeps its own block and adds its router loss to the HF loss itself."""
+    if not spec.is_moe:
+        return None, model.parameters()
+    if spec.architecture == "mixtral":
+        model.config.output_router_logits = True
+        return None, model.parameters()
+    from toolkit.parallel.moe import convert_to_moe, optimizer_groups
+
+    aux = convert_to_moe(model, spec, layout.ep)
+    return aux, optimizer_groups(model)
+
+
+def _dstk_optimizer(config: dict[str, Any], params: Any) -> Any:
+    """dstk's 1-bit Adam / 0/1 Adam from the config's `dstk.optimizer` block (DeepSpeed 0.19.7+ removed its
+    own), as a client optimizer; None when the config names a DeepSpeed optimizer."""
+    spec = (config.get("dstk") or {}).get("optimizer")
+    if not spec:
+        return None
+    from toolkit.parallel.onebit import build_optimizer
+
+    try:
+        return build_optimizer(list(params), spec)
+    except ValueError as exc:
+        raise UserError(f"--config: {exc}") from None
+
+
+def _pipeline(model: Any, spec: ModelSpec, layout: Any, config: dict[str, Any]) -> tuple[Any, Any]:
+    """The HF model as a DeepSpeed PipelineModule with the same weights (toolkit.parallel.pipeline)."""
+    from toolkit.parallel.pipeline import build_pipeline
+
+    pipe_cfg = config.get("pipeline") or {}
+    pipe = build_pipeline(
+        spec,
+        model.config,
+        model.state_dict(),
+        layout.pp,
+        partition=str(pipe_cfg.get("partition", "parameters")),
+        checkpoint_interval=int(
+            pipe_cfg.get("activation_checkpoint_interval", 1 if layout.recompute == "full" else 0)
+        ),
+    )
+    return pipe, [p for p in pipe.parameters() if p.requires_grad]
+
+
+def _local_tensors(model: Any, trainable: bool) -> dict[str, Any]:
+    """This rank's copy of the (trainable or frozen) parameters: the ZeRO-3 partition or the whole tensor."""
+    return {
+        n: getattr(p, "ds_tensor", p.data).detach().float().clone()
+        for n, p in model.named_parameters()
+        if p.requires_grad == trainable
+    }
+
+
+def _max_change(before: dict[str, Any], model: Any, trainable: bool) -> float:
+    """Largest absolute change of any local element since `before`, the maximum over the ranks."""
+    import torch
+    import torch.distributed as dist
+
+    after = _local_tensors(model, trainable)
+    worst = max((float((after[n] - t).abs().max()) for n, t in before.items() if t.numel()), default=0.0)
+    out = torch.tensor([worst], dtype=torch.float64)
+    dist.all_reduce(out, op=dist.ReduceOp.MAX)
+    return float(out.item())
+
+
+def _resume_tag(ckpt: Any, run: TrainRun) -> str | None:
+    """The checkpoint to resume from (all ranks agree), or None."""
+    if ckpt is None or run.resume == "never":
+        return None
+    if run.resume == "auto":
+        return ckpt.latest()
+    from toolkit.run.checkpoint import check
+
+    problem = check(run.checkpoint_dir / run.resume)
+    if problem:
+        raise UserError(
+            f"--resume: {run.checkpoint_dir / run.resume} is not a complete checkpoint: {problem}"
+        )
+    return run.resume
+
+
+def main(run: TrainRun) -> dict[str, Any]:
+    import warnings
+
+    import deepspeed
+
+    from toolkit.integrations.dstk_block import layout_from_config
+    from toolkit.run.checkpoint import Checkpointer
+    from toolkit.run.loop import Trainer
+    from toolkit.run.metrics import Logger
+    from toolkit.run.models import build_model
+    from toolkit.run.runtime import init_distributed, seed_everything, shutdown
+    from toolkit.run.summary import summarize
+    from toolkit.run.universal import is_universal
+
+    # DeepSpeed's ZeRO calls the torch API this deprecates on every step, from every rank
+    warnings.filterwarnings(
+        "ignore", message=".*all_gather_into_tensor.* is deprecated", category=FutureWarning
+    )
+    rt = init_distributed()
+    try:
+        layout = layout_from_config(run.config, rt.world_size)
+        data = run.data or _prepare_default_data(run, rt)
+        _check_data(run.model, data)
+        seed_everything(run.loop.seed)
+        model = build_model(run.model, run.config, run.init_from)
+        if run.lora:
+            from toolkit.plan.lora import parse_lora
+            from toolkit.run.lora import apply_lora
+
+            layout = layout.model_copy(update={"lora": run.lora})
+            model = apply_lora(model, run.model, parse_lora(run.lora))
+        aux, params = _moe(model, run.model, layout)
+        if run.lora:
+            params = [p for p in model.parameters() if p.requires_grad]
+        if layout.pp > 1:
+            model, params = _pipeline(model, run.model, layout, run.config)
+        elif layout.recompute == "full":
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        ckpt = Checkpointer(run.checkpoint_dir, rt.rank, run.keep_last) if run.checkpoint_dir else None
+        tag = _resume_tag(ckpt, run)
+        config = run.config
+        if tag is not None and is_universal(run.checkpoint_dir / tag):
+            # a checkpoint from another world size, converted by dstk checkpoint convert
+            config = {**config, "checkpoint": {**config.get("checkpoint", {}), "load_universal": True}}
+        client_optimizer = _dstk_optimizer(config, params)
+        engine, *_ = deepspeed.initialize(
+            model=model,
+            model_parameters=None if client_optimizer else params,
+            optimizer=client_optimizer,
+            config=config,
+        )
+        if client_optimizer is not None:
+            from toolkit.parallel.onebit import attach_to_engine
+
+            client_optimizer = attach_to_engine(engine)  # before any load_checkpoint (see its docstring)
+        seed_everything(run.loop.seed + 1 + rt.rank)  # dropout differs per rank, identically in every run
+        peak = run.cluster.peak_flops(layout.precision) if run.cluster else None
+        trainer = Trainer(engine, run.model, layout, rt, data, run.run_dir, ckpt, run.loop, peak, aux)
+        trainer.compressed_optimizer = client_optimizer
+        if tag is not None:
+            trainer.resume(tag)
+            if rt.is_main:
+                print(f"resumed from {run.checkpoint_dir / tag} at step {trainer.step}", flush=True)
+        elif ckpt is not None and run.resume != "never" and rt.is_main:
+            print(f"no complete checkpoint in {run.checkpoint_dir}: starting from step 0", flush=True)
+        if run.loop.eval_only:
+            if trainer.eval_data is None:
+                raise UserError(f"--eval-only: {data} has no validation split")
+            trainer.record.evals.append({"step": trainer.step, **trainer.evaluate()})
+        else:
+            logger = Logger(run.run_dir, engine, rt.is_main, run.loop.steps, trainer.step, run.loop.progress)
+            frozen = _local_tensors(engine.module, trainable=False) if run.lora else None
+            adapters = _local_tensors(engine.module, trainable=True) if run.lora else None
+            try:
+                trainer.run(logger)
+            finally:
+                logger.close()
+            if run.lora:
+                from toolkit.run.lora import save_adapters
+
+                save_adapters(engine, run.run_dir / "adapter", rt.is_main)
+                trainer.lora_changes = {
+                    "frozen_max_abs_change": _max_change(frozen, engine.module, trainable=False),
+                    "adapter_max_abs_change": _max_change(adapters, engine.module, trainable=True),
+                }
+            if ckpt is not None and trainer.step not in trainer.saved_steps:
+                trainer.save()  # the final state, unless a checkpoint already holds it
+        summary = summarize(trainer, run, layout)
+    except BaseException:
+        shutdown(clean=False)
+        raise
+    shutdown()
+    return summary

@@ -1,0 +1,160 @@
+"""The end of a run: what it measured, beside what `dstk estimate` predicted for the same layout."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from toolkit.plan.layout import Layout
+
+
+def summarize(trainer: Any, run: Any, layout: Layout) -> dict[str, Any]:
+    """Gather the measurements of every rank; rank 0 writes `summary.json` and prints the comparison."""
+    meter = trainer.meter
+    step_s = meter.step_time_s
+    summary: dict[str, Any] = {
+        "model": run.model.name,
+        "layout": layout.model_dump(),
+        "world_size": trainer.rt.world_size,
+        "accelerator": trainer.rt.accelerator,
+        "final_step": trainer.step,
+        "data_position": trainer.position,
+        "losses": trainer.record.losses,
+        "evals": trainer.record.evals,
+        "step_time_s": step_s,
+        "step_times_s": meter.step_times,
+        **meter.rates(step_s),
+        "peak_memory_bytes": trainer.peak_memory(),
+        "peak_rss_bytes": trainer.peak_rss(),
+        "param_norm": trainer.param_norm(),
+        "params_on_rank": _params_on_rank(trainer),
+        "aux_losses": trainer.record.aux_losses,
+        "comm_bytes_per_step": _comm_bytes_per_step(trainer),
+        "model_state_bytes": trainer.record.model_states,
+        "checkpoint_dir": str(run.checkpoint_dir) if run.checkpoint_dir else None,
+    }
+    if getattr(run, "lora", None):
+        summary["lora"] = {
+            "spec": run.lora,
+            "trainable_params": sum(
+                getattr(p, "ds_numel", p.numel())
+                for p in trainer.engine.module.parameters()
+                if p.requires_grad
+            ),
+            "adapter_dir": str(run.run_dir / "adapter"),
+            **getattr(trainer, "lora_changes", {}),
+        }
+    if run.cluster is not None:
+        from toolkit.plan.cost.estimate import estimate
+
+        predicted = estimate(run.model, run.cluster, layout).to_dict()
+        summary["predicted"] = predicted
+        summary["warnings"] = reality_check(summary, run.cluster, layout)
+    if trainer.rt.is_main:
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+        (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        print_comparison(summary)
+        for warning in summary.get("warnings", []):
+            print(f"warning: {warning}", flush=True)
+    return summary
+
+
+OUTSIDE = (0.5, 2.0)
+"""Measured/predicted ratios outside this band mean the description does not match the machine."""
+
+
+def reality_check(summary: dict[str, Any], cluster: Any, layout: Layout) -> list[str]:
+    """A warning per quantity whose measurement is outside ×0.5–2 of the prediction, naming the likely
+    cause and the fix: bf16 emulated on this CPU, a preset that is not this machine, an uncalibrated local
+    description, or other work on the host."""
+    import os
+
+    p = summary.get("predicted") or {}
+    measured = {
+        "step time": (summary.get("step_time_s"), p.get("step_time_s")),
+        "peak memory": (
+            max(summary.get("peak_memory_bytes") or [0]),
+            (p.get("memory_per_gpu_bytes") or {}).get("total"),
+        ),
+    }
+    off = {k: m / q for k, (m, q) in measured.items() if m and q and not OUTSIDE[0] <= m / q <= OUTSIDE[1]}
+    if not off:
+        return []
+    causes = []
+    if layout.precision == "bf16" and cluster.peak_flops("bf16") < cluster.peak_flops("fp32"):
+        causes.append(
+            "bf16 is slower than fp32 on this accelerator (emulated); plan fp32 (`--precision fp32`)"
+        )
+    if cluster.name != "local":
+        causes.append(
+            f"the cluster is the description {cluster.name!r}, not this machine: use `--cluster local` "
+            "after `dstk calibrate`"
+        )
+    else:
+        from toolkit.plan.local import detect
+
+        if detect(ranks=cluster.gpus_per_node).calibration is None:
+            causes.append("--cluster local is not calibrated on this host: run `dstk calibrate`")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    cores = os.cpu_count() or 1
+    if load > cores + 0.5:
+        causes.append(f"other jobs on the host (load average {load:.1f} on {cores} cores)")
+    if not causes:
+        causes.append(
+            "other jobs on the host, or a model the cost model does not price; rerun `dstk calibrate`"
+        )
+    what = ", ".join(f"{k} ×{r:.2f} of the prediction" for k, r in off.items())
+    return [f"measured {what} (outside ×{OUTSIDE[0]:g}–{OUTSIDE[1]:g}); likely: " + "; ".join(causes)]
+
+
+def _comm_bytes_per_step(trainer: Any) -> float:
+    """Bytes this rank passed to collectives per step, from DeepSpeed's comms logger when the config enabled it
+    (message sizes as DeepSpeed records them); 0 otherwise."""
+    from deepspeed.comm import comm
+
+    logger = getattr(comm, "comms_logger", None)
+    if logger is None or not getattr(logger, "enabled", False) or not trainer.meter.step_times:
+        return 0.0
+    total = sum(size * rec[0] for op in logger.comms_dict.values() for size, rec in op.items())
+    return total / len(trainer.meter.step_times)
+
+
+def _params_on_rank(trainer: Any) -> list[dict[str, int]]:
+    from toolkit.parallel.moe import count_rank_params
+    from toolkit.run.loop_state import gather
+
+    return gather(count_rank_params(trainer.engine.module))
+
+
+def _row(name: str, measured: float, predicted: float | None, fmt: str) -> str:
+    if predicted is None or predicted == 0:
+        return f"  {name:<34}{format(measured, fmt):>14}{'-':>14}{'-':>9}"
+    return f"  {name:<34}{format(measured, fmt):>14}{format(predicted, fmt):>14}{measured / predicted:>9.2f}"
+
+
+def print_comparison(s: dict[str, Any]) -> None:
+    p = s.get("predicted") or {}
+    mem = p.get("memory_per_gpu_bytes", {})
+    engine = p.get("engine_model_states_bytes", {})
+    states = s["model_state_bytes"].get("after_backward") or s["model_state_bytes"].get("after_step") or [0]
+    lines = [
+        f"Measured vs predicted ({s['model']}, {s['world_size']} ranks, {s['accelerator']}):",
+        f"  {'':<34}{'measured':>14}{'predicted':>14}{'ratio':>9}",
+        _row("step time (s)", s["step_time_s"], p.get("step_time_s"), ".4g"),
+        _row("tokens/s", s["tokens_per_s"], p.get("tokens_per_s"), ",.0f"),
+        _row("TFLOP/s per rank", s["tflops_per_gpu"], p.get("tflops_per_gpu"), ".4g"),
+        _row(
+            "peak memory per rank (GB)",
+            max(s["peak_memory_bytes"]) / 1e9,
+            mem.get("total", 0) / 1e9 or None,
+            ".3f",
+        ),
+        _row("model states per rank (MB)", max(states) / 1e6, engine.get("total", 0) / 1e6 or None, ".2f"),
+    ]
+    if s["losses"]:
+        lines.append(
+            f"  loss: {s['losses'][0]:.4f} (step 1) -> {s['losses'][-1]:.4f} (step {s['final_step']})"
+        )
+    if s.get("checkpoint_dir"):
+        lines.append(f"  checkpoints: {s['checkpoint_dir']}")
+    print("\n".join(lines), flush=True)
