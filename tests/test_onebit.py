@@ -173,29 +173,35 @@ def test_build_optimizer_reads_the_dstk_block() -> None:
         ({"type": "onebit-adam", "lr": 1}, r"dstk.optimizer.lr: unknown field; valid: type, params"),
         (
             {"type": "onebit-adam", "params": {"momentum": 0.9}},
-            r"dstk.optimizer.params.momentum: unknown for",
+            r"dstk.optimizer.params.momentum: unknown field; valid: lr, betas",
         ),
         (
             {"type": "onebit-adam", "params": {"lr": -1}},
-            r"dstk.optimizer.params.lr: -1; expected a number > 0",
+            r"dstk.optimizer.params.lr: input should be greater than 0 \(got -1\)",
         ),
-        ({"type": "onebit-adam", "params": {"betas": [0.9]}}, r"params.betas: \[0.9\]; expected two numbers"),
+        (
+            {"type": "onebit-adam", "params": {"betas": [0.9]}},
+            r"params.betas: expected two numbers in \[0, 1\) \(got \[0.9\]\)",
+        ),
         (
             {"type": "onebit-adam", "params": {"freeze_step": 0}},
-            r"params.freeze_step: 0; expected an integer >= 1",
+            r"params.freeze_step: input should be greater than or equal to 1 \(got 0\)",
         ),
         (
             {"type": "onebit-adam", "params": {"freeze_step": 2.5}},
-            r"params.freeze_step: 2.5; expected an integer",
+            r"params.freeze_step: input should be a valid integer \(got 2.5\)",
         ),
         (
             {"type": "onebit-adam", "params": {"scale_block": 12}},
-            r"params.scale_block: 12; expected a positive",
+            r"params.scale_block: input should be a multiple of 8 \(got 12\)",
         ),
-        ({"type": "onebit-adam", "params": {"weight_decay": True}}, r"params.weight_decay: True; expected"),
+        (
+            {"type": "onebit-adam", "params": {"weight_decay": True}},
+            r"params.weight_decay: expected a number \(got True\)",
+        ),
         (
             {"type": "zero-one-adam", "params": {"freeze_step": 5, "var_freeze_step": 5}},
-            r"params.freeze_step: give freeze_step or var_freeze_step, not both",
+            r"dstk.optimizer.params.freeze_step: give freeze_step or var_freeze_step, not both",
         ),
     ],
 )

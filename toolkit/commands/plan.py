@@ -143,9 +143,8 @@ def _training(inputs: dict[str, Any], model: Any, cluster: Any, best: Any) -> di
 
 def run(args: argparse.Namespace) -> int:
     from toolkit.errors import UserError
-    from toolkit.integrations.ds_config import build_ds_config
+    from toolkit.integrations.ds_config import build_ds_config, recipe_line
     from toolkit.plan.planner import DEFAULT_MARGIN, nothing_fits_message, plan
-    from toolkit.plan.recipes import recipe_line
 
     model, cluster = model_from_args(args), cluster_from_args(args)
     request = layout_request_from_args(args)
@@ -173,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
         opts = ConfigOptions(train_steps=max(1, math.ceil(cost_inputs["tokens"] / tokens_per_step)))
     ds_config = build_ds_config(model, cluster, result.best.layout, opts)
     data = plan_to_dict(result, ds_config, training)
-    data["recipe"] = recipe_line(ds_config, model)
+    data["recipe"] = recipe_line(ds_config)
     if args.elastic:
         from toolkit.plan.elastic import elastic_sizes, parse_range
 

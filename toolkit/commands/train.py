@@ -219,6 +219,7 @@ def run(args: argparse.Namespace) -> int:
 
     from toolkit.commands import model_from_args
     from toolkit.errors import UserError
+    from toolkit.integrations.dstk_block import read_dstk_block
     from toolkit.plan.load import load_cluster, read_mapping
     from toolkit.run.loop_state import LoopOptions
     from toolkit.run.session import TrainRun, main
@@ -226,11 +227,12 @@ def run(args: argparse.Namespace) -> int:
 
     model = model_from_args(args)
     config = read_mapping(args.config)
+    block = read_dstk_block(config)
     steps = args.steps or ((config.get("scheduler") or {}).get("params") or {}).get("total_num_steps")
     if not steps or steps <= 0:
         raise UserError("--steps: give a positive number of steps (the config's scheduler has none)")
     if args.save_every is None:
-        planned = (config.get("dstk") or {}).get("checkpoint_interval_steps", 0)
+        planned = block.checkpoint_interval_steps
         args.save_every = min(planned, steps) if args.checkpoint_dir else 0
     for flag in ("save_every", "keep_last", "eval_every", "eval_rows", "log_every"):
         if getattr(args, flag) < 0:
@@ -245,14 +247,14 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--data: {args.data} is not a directory")
     if args.resume not in ("auto", "never") and args.checkpoint_dir is None:
         raise UserError("--resume: needs --checkpoint-dir")
-    lora = _lora(args.lora, config)
+    lora = _lora(args.lora, block.layout.lora if block.layout else None)
     guard = _guard_options(args)
     faults = tuple(Fault.parse(f) for f in args.inject_fault or ())
     world = int(os.environ.get("WORLD_SIZE", "1"))
     cluster = None
     if args.cluster:
         cluster = load_cluster(args.cluster)
-    elif (config.get("dstk") or {}).get("layout", {}).get("world_size", world) == world:
+    elif block.layout is None or block.layout.world_size == world:
         cluster = load_cluster("local", {"gpus_per_node": world})
     os.environ.setdefault("WANDB_MODE", "offline")  # offline unless the user configured wandb
     loop = LoopOptions(
@@ -306,12 +308,11 @@ def _exit_without_teardown() -> None:
     os._exit(0)
 
 
-def _lora(flag: str | None, config: dict) -> str | None:
+def _lora(flag: str | None, planned: str | None) -> str | None:
     """The LoRA spec from --lora or from the plan in the config (`dstk config --lora`); they must agree."""
     from toolkit.errors import UserError
     from toolkit.plan.lora import parse_lora
 
-    planned = ((config.get("dstk") or {}).get("layout") or {}).get("lora")
     given = parse_lora(flag).text() if flag else None
     planned = parse_lora(planned).text() if planned else None
     if given and planned and given != planned:

@@ -23,13 +23,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from toolkit.integrations.dstk_block import DSTK_KEY, read_dstk_block
 from toolkit.plan import recipes
 from toolkit.plan.layout import Layout
 from toolkit.plan.params import count_params
 from toolkit.plan.specs import ClusterSpec, ModelSpec
 from toolkit.plan.zero_knobs import derive_zero_knobs
-
-DSTK_KEY = "dstk"
 
 
 class ConfigOptions(BaseModel):
@@ -264,3 +263,22 @@ def write(cfg: dict[str, Any], path: Path) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(dumps(cfg), encoding="utf-8")
     tmp.replace(path)
+
+
+def recipe_line(ds_config: dict[str, Any]) -> str:
+    """One line saying which published recipe the generated optimizer and schedule follow, with the values."""
+    dstk_optimizer = read_dstk_block(ds_config).optimizer
+    opt = (ds_config.get("optimizer") or {}).get("params") or (
+        dstk_optimizer.params.model_dump(exclude_none=True) if dstk_optimizer else {}
+    )
+    sched = (ds_config.get("scheduler") or {}).get("params", {})
+    clip = ds_config.get("gradient_clipping")
+    betas = opt.get("betas", recipes.ADAM_BETAS)
+    return (
+        f"AdamW β=({betas[0]}, {betas[1]}), ε={opt.get('eps', recipes.ADAM_EPS):g}, weight decay "
+        f"{opt.get('weight_decay', recipes.WEIGHT_DECAY):g}, clipping {clip}; peak LR {opt.get('lr', 0):.3g} "
+        f"(GPT-3 Table 2.1 for the size); linear warm-up {sched.get('warmup_num_steps')} steps "
+        f"({recipes.WARMUP_TOKENS / 1e6:.0f}M tokens, at most a tenth of the run) then cosine to "
+        f"{sched.get('cos_min_ratio', recipes.MIN_LR_RATIO):g}× over {sched.get('total_num_steps')} steps "
+        "(Brown et al. 2020 App. B; Touvron et al. 2023 §2.2)"
+    )

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from toolkit.integrations.ds_config import DSTK_KEY
+from toolkit.integrations.dstk_block import DSTK_KEY
 
 TARGET_FLAGS = ("--hf-trainer", "--accelerate", "--megatron")
 

@@ -16,7 +16,8 @@ import copy
 from collections.abc import Iterator
 from typing import Any
 
-from toolkit.integrations.ds_config import DSTK_KEY
+from toolkit.errors import UserError
+from toolkit.integrations.dstk_block import DSTK_KEY, read_dstk_block
 
 # Top-level keys DeepSpeed 0.19.8 reads (runtime/config.py and deepspeed.initialize), plus dstk's own block.
 KNOWN_TOP_LEVEL = frozenset(
@@ -75,7 +76,6 @@ KNOWN_TOP_LEVEL = frozenset(
         DSTK_KEY,
     }
 )
-DSTK_OPTIMIZERS = ("onebit-adam", "zero-one-adam")
 
 
 class _DataParallelMpu:
@@ -175,15 +175,16 @@ def _dstk_checks(cfg: dict[str, Any], world_size: int, accelerator: str | None) 
     )
     if offload_opt not in (None, "none") and stage == 0:
         problems.append("zero_optimization.offload_optimizer: needs stage 1, 2 or 3 (got 0)")
-    dstk_optimizer = (
-        (cfg.get(DSTK_KEY) or {}).get("optimizer") if isinstance(cfg.get(DSTK_KEY), dict) else None
-    )
+    try:
+        dstk_optimizer = read_dstk_block(cfg).optimizer
+    except UserError as exc:
+        problems.append(str(exc))
+        dstk_optimizer = None
     if dstk_optimizer is not None:
-        kind = dstk_optimizer.get("type") if isinstance(dstk_optimizer, dict) else None
-        if kind not in DSTK_OPTIMIZERS:
-            problems.append(f"{DSTK_KEY}.optimizer.type: {kind!r} is not one of {', '.join(DSTK_OPTIMIZERS)}")
         if stage != 0 or pp > 1:
-            problems.append(f"{DSTK_KEY}.optimizer: {kind} needs zero_optimization.stage 0 and no pipeline")
+            problems.append(
+                f"{DSTK_KEY}.optimizer: {dstk_optimizer.type} needs zero_optimization.stage 0 and no pipeline"
+            )
         if "optimizer" in cfg:
             problems.append(f"optimizer: remove it; {DSTK_KEY}.optimizer already names the optimizer")
     if accelerator == "cpu" and (cfg.get("fp16") or {}).get("enabled"):

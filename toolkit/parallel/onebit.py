@@ -256,88 +256,28 @@ class ZeroOneAdam(CompressedAdam):
         return {"params": params, "exp_avg": [self.state[p]["exp_avg"] for p in params]}
 
 
-_ADAM_FIELDS = ("lr", "betas", "eps", "weight_decay", "scale_block")
-OPTIMIZERS: dict[str, tuple[type[CompressedAdam], tuple[str, ...]]] = {
-    "onebit-adam": (OneBitAdam, (*_ADAM_FIELDS, "freeze_step")),
-    "zero-one-adam": (
-        ZeroOneAdam,
-        (
-            *_ADAM_FIELDS,
-            "freeze_step",
-            "var_freeze_step",
-            "var_update_scaler",
-            "local_step_scaler",
-            "local_step_clipper",
-        ),
-    ),
-}
-"""`dstk.optimizer.type` -> (class, accepted `params`). For 0/1 Adam `freeze_step` (what `dstk config`
-writes for both) means `var_freeze_step`."""
+OPTIMIZERS: dict[str, type[CompressedAdam]] = {"onebit-adam": OneBitAdam, "zero-one-adam": ZeroOneAdam}
+"""`dstk.optimizer.type` -> class; the parameters each accepts are typed in toolkit.integrations.dstk_block.
+For 0/1 Adam `freeze_step` (what `dstk config` writes for both) means `var_freeze_step`."""
 
 
-def _checked(where: str, name: str, value: Any) -> Any:
-    def number(x: Any) -> bool:
-        return isinstance(x, (int, float)) and not isinstance(x, bool)
+def build_optimizer(params: Params, spec: Any, group: dist.ProcessGroup | None = None) -> CompressedAdam:
+    """The optimizer `spec` (the `dstk.optimizer` block of a dstk DeepSpeed config, typed by
+    toolkit.integrations.dstk_block) describes, e.g. `{"type": "onebit-adam", "params": {"lr": 1e-3, "betas":
+    [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01, "freeze_step": 200}}`. Raises ValueError naming the bad
+    field; unset parameters take the optimizer's defaults."""
+    from toolkit.errors import UserError
+    from toolkit.integrations.dstk_block import read_dstk_optimizer
 
-    if name == "betas":
-        if not (
-            isinstance(value, (list, tuple))
-            and len(value) == 2
-            and all(number(b) and 0 <= b < 1 for b in value)
-        ):
-            raise ValueError(f"{where}: {value!r}; expected two numbers in [0, 1)")
-        return (float(value[0]), float(value[1]))
-    if name in ("lr", "eps"):
-        if not (number(value) and value > 0):
-            raise ValueError(f"{where}: {value!r}; expected a number > 0")
-        return float(value)
-    if name == "weight_decay":
-        if not (number(value) and value >= 0):
-            raise ValueError(f"{where}: {value!r}; expected a number >= 0")
-        return float(value)
-    if name == "scale_block":
-        if value is not None and not (
-            isinstance(value, int) and not isinstance(value, bool) and value % 8 == 0 < value
-        ):
-            raise ValueError(
-                f"{where}: {value!r}; expected a positive multiple of 8, or null for one per chunk"
-            )
-        return value
-    if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-        raise ValueError(f"{where}: {value!r}; expected an integer >= 1")
-    return value
-
-
-def build_optimizer(
-    params: Params, spec: dict[str, Any], group: dist.ProcessGroup | None = None
-) -> CompressedAdam:
-    """The optimizer `spec` (the `dstk.optimizer` block of a dstk DeepSpeed config) describes, e.g.
-    `{"type": "onebit-adam", "params": {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01,
-    "freeze_step": 200}}`. Raises ValueError naming the first bad field."""
-    if not isinstance(spec, dict):
-        raise ValueError(
-            f"dstk.optimizer: expected a mapping with type and params, got {type(spec).__name__}"
-        )
-    kind = spec.get("type")
-    if kind not in OPTIMIZERS:
-        raise ValueError(f"dstk.optimizer.type: {kind!r} is not one of {', '.join(OPTIMIZERS)}")
-    extra = sorted(set(spec) - {"type", "params"})
-    if extra:
-        raise ValueError(f"dstk.optimizer.{extra[0]}: unknown field; valid: type, params")
-    cls, fields = OPTIMIZERS[kind]
-    given = spec.get("params") or {}
-    if not isinstance(given, dict):
-        raise ValueError(f"dstk.optimizer.params: expected a mapping, got {type(given).__name__}")
-    kwargs = {}
-    for name, value in given.items():
-        if name not in fields:
-            raise ValueError(f"dstk.optimizer.params.{name}: unknown for {kind}; valid: {', '.join(fields)}")
-        kwargs[name] = _checked(f"dstk.optimizer.params.{name}", name, value)
+    try:
+        typed = read_dstk_optimizer(spec)
+    except UserError as exc:
+        raise ValueError(str(exc)) from None
+    cls = OPTIMIZERS[typed.type]
+    kwargs = typed.params.model_dump(exclude_unset=True)  # an explicit null scale_block means one per chunk
+    if "betas" in kwargs:
+        kwargs["betas"] = tuple(float(b) for b in kwargs["betas"])
     if cls is ZeroOneAdam and "freeze_step" in kwargs:
-        if "var_freeze_step" in kwargs:
-            raise ValueError(
-                "dstk.optimizer.params.freeze_step: give freeze_step or var_freeze_step, not both"
-            )
         kwargs["var_freeze_step"] = kwargs.pop("freeze_step")
     return cls(params, group=group, **kwargs)
 

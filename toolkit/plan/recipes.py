@@ -55,21 +55,3 @@ def batch_tokens(n_params: float) -> float:
 def warmup_steps(tokens_per_step: float, total_steps: int) -> int:
     """GPT-3's 375M warm-up tokens in steps, at most a tenth of the run and at least one step."""
     return max(1, min(math.ceil(WARMUP_TOKENS / tokens_per_step), total_steps // 10 or 1))
-
-
-def recipe_line(ds_config: dict, model: object) -> str:
-    """One line saying which published recipe the generated optimizer and schedule follow, with the values."""
-    opt = (ds_config.get("optimizer") or {}).get("params") or (
-        (ds_config.get("dstk") or {}).get("optimizer") or {}
-    ).get("params", {})
-    sched = (ds_config.get("scheduler") or {}).get("params", {})
-    clip = ds_config.get("gradient_clipping")
-    betas = opt.get("betas", ADAM_BETAS)
-    return (
-        f"AdamW β=({betas[0]}, {betas[1]}), ε={opt.get('eps', ADAM_EPS):g}, weight decay "
-        f"{opt.get('weight_decay', WEIGHT_DECAY):g}, clipping {clip}; peak LR {opt.get('lr', 0):.3g} "
-        f"(GPT-3 Table 2.1 for the size); linear warm-up {sched.get('warmup_num_steps')} steps "
-        f"({WARMUP_TOKENS / 1e6:.0f}M tokens, at most a tenth of the run) then cosine to "
-        f"{sched.get('cos_min_ratio', MIN_LR_RATIO):g}× over {sched.get('total_num_steps')} steps "
-        "(Brown et al. 2020 App. B; Touvron et al. 2023 §2.2)"
-    )

@@ -82,8 +82,10 @@ def _moe(model: Any, spec: ModelSpec, layout: Any) -> tuple[Any, Any]:
 def _dstk_optimizer(config: dict[str, Any], params: Any) -> Any:
     """dstk's 1-bit Adam / 0/1 Adam from the config's `dstk.optimizer` block (DeepSpeed 0.19.7+ removed its
     own), as a client optimizer; None when the config names a DeepSpeed optimizer."""
-    spec = (config.get("dstk") or {}).get("optimizer")
-    if not spec:
+    from toolkit.integrations.dstk_block import read_dstk_block
+
+    spec = read_dstk_block(config).optimizer
+    if spec is None:
         return None
     from toolkit.parallel.onebit import build_optimizer
 
