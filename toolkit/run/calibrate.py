@@ -100,7 +100,7 @@ def _elementwise_gb_per_s(dtype: Any, device: Any, sync: Any, nbytes: int = 1 <<
     return 5 * numel * x.element_size() / timeit(ops, 5, sync) / 1e9
 
 
-def _copy_gb_per_s(device: Any, sync: Any, numel: int = 1 << 25) -> float:
+def _copy_gb_per_s(device: Any, sync: Any, numel: int = 1 << 24) -> float:
     import torch
 
     x = torch.empty(numel, device=device)
@@ -148,7 +148,7 @@ def _collectives(device: Any, sync: Any, world: int, dtype: Any) -> dict[str, di
                 "all_to_all": lambda x=x, y=y: dist.all_to_all_single(y, x),
             }
             dist.barrier()
-            times.append(timeit(ops[name], 5 if numel > 4096 else 20, sync))
+            times.append(timeit(ops[name], 3 if numel > 4096 else 20, sync))
         # nccl-tests' bus-bandwidth factors: 2(n-1)/n all-reduce, (n-1)/n the rings
         factor = 2 * (world - 1) / world if name == "all_reduce" else (world - 1) / world
         bus = [n * x.element_size() * (world if name == "all_gather" else 1) * factor for n in sizes]
