@@ -289,23 +289,10 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     if "LOCAL_RANK" in os.environ:
-        _exit_without_teardown()
+        from toolkit.run.runtime import exit_without_teardown
+
+        exit_without_teardown()
     return 0
-
-
-def _exit_without_teardown() -> None:
-    """End a launched rank with status 0 without running C++ static destructors. Even after
-    `destroy_process_group`, about 1 two-rank CPU/gloo run in 15 aborts at interpreter exit with "terminate
-    called without an active exception" (a joinable std::thread destroyed during teardown); the launcher then
-    kills the job and reports failure although every file is written. Everything is flushed first."""
-    import logging
-    import os
-    import sys
-
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 def _lora(flag: str | None, planned: str | None) -> str | None:
