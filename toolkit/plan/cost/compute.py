@@ -98,14 +98,15 @@ def quantization_efficiency(m: float, n: float, sm_count: int) -> float:
     return best
 
 
-def _gemm_s(
-    m: float, k: float, n: float, e: int, peak: float, eff: float, hbm: float, sm_count: int | None = None
-) -> float:
-    """One GEMM (m×k)·(k×n): compute-bound at eff·peak (less its tile and wave quantization where the SM count
-    is known) or memory-bound on its operands and result."""
-    if sm_count:
-        eff *= quantization_efficiency(m, n, sm_count)
-    return max(2 * m * k * n / (peak * eff), e * (m * k + k * n + m * n) / hbm)
+def _gemm_s(m: float, k: float, n: float, e: int, peak: float, cluster: ClusterSpec) -> float:
+    """One GEMM (m×k)·(k×n): compute-bound at the cluster's matmul efficiency of `peak` (less its tile and wave
+    quantization where the SM count is known) or memory-bound on its operands and result."""
+    eff = cluster.gpu_matmul_efficiency
+    if cluster.gpu_sm_count:
+        eff *= quantization_efficiency(m, n, cluster.gpu_sm_count)
+    return max(
+        2 * m * k * n / (peak * eff), e * (m * k + k * n + m * n) / (cluster.gpu_memory_gb_per_s * 1e9)
+    )
 
 
 def block_forward_s(
@@ -124,29 +125,24 @@ def block_forward_s(
 ) -> float:
     """Forward time of one block for `tokens` tokens on one rank (TP shards matrices, SP shards tokens);
     `fused=False` prices HF's eager RMSNorm and rotary embedding op by op."""
-    eff, hbm = cluster.gpu_matmul_efficiency, cluster.gpu_memory_gb_per_s * 1e9
-    sms = cluster.gpu_sm_count
+    hbm = cluster.gpu_memory_gb_per_s * 1e9
     h, s = model.hidden_size, model.seq_length
     m = tokens / sp
     q_w, kv_w = model.n_heads * model.head_dim, model.n_kv_heads * model.head_dim
-    t = _gemm_s(m, h, (q_w + 2 * kv_w) / tp, e, peak, eff, hbm, sms) + _gemm_s(
-        m, q_w / tp, h, e, peak, eff, hbm, sms
-    )
+    t = _gemm_s(m, h, (q_w + 2 * kv_w) / tp, e, peak, cluster) + _gemm_s(m, q_w / tp, h, e, peak, cluster)
     # attention core QKᵀ and AV: 4·s·(a·d) FLOPs per token, heads split over TP and Ulysses SP
     t += 4 * m * s * q_w / tp / (peak * attention_efficiency(cluster))
     if moe:
         routed = model.moe_top_k * model.moe_capacity_factor
         ffn, n_in = model.moe_ffn_hidden_size, (2 if model.gated_mlp else 1)
-        t += _gemm_s(m * routed, h, n_in * ffn, e, peak, eff, hbm, sms) + _gemm_s(
-            m * routed, ffn, h, e, peak, eff, hbm
+        t += _gemm_s(m * routed, h, n_in * ffn, e, peak, cluster) + _gemm_s(
+            m * routed, ffn, h, e, peak, cluster
         )
-        t += _gemm_s(m, h, model.num_experts, e, peak, eff, hbm, sms)  # router
+        t += _gemm_s(m, h, model.num_experts, e, peak, cluster)  # router
         ffn_tp = ffn * routed
     else:
         ffn, n_in = model.ffn_hidden_size, (2 if model.gated_mlp else 1)
-        t += _gemm_s(m, h, n_in * ffn / tp, e, peak, eff, hbm, sms) + _gemm_s(
-            m, ffn / tp, h, e, peak, eff, hbm, sms
-        )
+        t += _gemm_s(m, h, n_in * ffn / tp, e, peak, cluster) + _gemm_s(m, ffn / tp, h, e, peak, cluster)
         ffn_tp = ffn / tp
     # memory-bound passes per token: 2 norms (read+write h), 2 residual adds (read 2h, write h), the
     # activation's kernels (and the gate product), softmax read+write unless fused (flash)
@@ -210,9 +206,8 @@ def stage_compute(
     )
     attention_fwd /= tp * peak * attention_efficiency(cluster)
     if last:
-        eff, hbm = cluster.gpu_matmul_efficiency, cluster.gpu_memory_gb_per_s * 1e9
-        sms = cluster.gpu_sm_count
-        fwd += _gemm_s(tokens / sp, model.hidden_size, model.vocab_size / tp, e, peak, eff, hbm, sms)
+        hbm = cluster.gpu_memory_gb_per_s * 1e9
+        fwd += _gemm_s(tokens / sp, model.hidden_size, model.vocab_size / tp, e, peak, cluster)
         fwd += (e + 8) * tokens / sp * model.vocab_size / tp / hbm  # upcast + log-softmax of the logits
     recompute_s = fwd if recompute == "full" else attention_fwd if recompute == "selective" else 0.0
     return StageCompute(forward_s=fwd, backward_s=(1 if frozen else 2) * fwd, recompute_s=recompute_s)
