@@ -122,4 +122,4 @@ def _write(path: Path, text: str) -> None:
         tmp.write_text(text)
         shutil.move(str(tmp), path)
     except OSError as exc:
-        raise UserError(f"--output: cannot write {path} ({exc.strerror or exc})") from None
+        raise UserError(f"{path}: cannot write ({exc.strerror or exc})") from None

@@ -4,11 +4,11 @@ Pure: the probes that produce the measurements live in the run half."""
 
 from __future__ import annotations
 
-import os
 import statistics
 from typing import Any
 
 from toolkit.plan.cost.compute import kernels_per_block
+from toolkit.plan.hardware import cpu_rank_memory_gib, host_memory_gib
 from toolkit.plan.specs import ModelSpec
 
 
@@ -28,10 +28,6 @@ def _kernel_us(result: dict[str, Any]) -> float:
     )
     per_kernel = result["engine"]["block_s"] / (3 * kernels_per_block(probe)) * 1e6
     return per_kernel if per_kernel > result["op_us"] else result["op_us"]
-
-
-def _total_memory_gib() -> float:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
 
 
 def cluster_description(results: list[dict[str, Any]], name: str) -> dict[str, Any]:
@@ -56,13 +52,13 @@ def cluster_description(results: list[dict[str, Any]], name: str) -> dict[str, A
     # they differ several-fold
     busbw = coll["all_reduce"]["bus_gb_per_s"] if coll else 100.0
     latency = statistics.median(c["latency_us"] for c in coll.values()) if coll else 10.0
-    total_ram = _total_memory_gib()
+    total_ram = host_memory_gib() or 0.0
     desc: dict[str, Any] = {
         "name": name,
         "nodes": 1,
         "gpus_per_node": ranks,
         "accelerator": accel,
-        "gpu_memory_gib": round(0.9 * total_ram / ranks, 2)
+        "gpu_memory_gib": cpu_rank_memory_gib(total_ram, ranks)
         if accel == "cpu"
         else round(min(r["device_memory_gib"] for r in results), 2),
         "gpu_peak_tflops": round(peak, 4),

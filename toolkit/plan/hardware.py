@@ -228,6 +228,17 @@ def meminfo_gib(text: str | None, key: str) -> float | None:
     return int(m.group(1)) * 1024 / GIB if m else None
 
 
+def host_memory_gib(root: Path = Path("/")) -> float | None:
+    """MemTotal of /proc/meminfo in GiB, or None when it cannot be read."""
+    return meminfo_gib(read_text(root / "proc/meminfo"), "MemTotal")
+
+
+def cpu_rank_memory_gib(total_gib: float, ranks: int) -> float:
+    """Memory one CPU rank may plan with: the ranks share the host's memory, and a tenth stays for the OS,
+    the page cache and the launcher."""
+    return round(0.9 * total_gib / ranks, 2)
+
+
 def numa_nodes(root: Path) -> int:
     nodes = list((root / "sys/devices/system/node").glob("node[0-9]*"))
     return max(len(nodes), 1)

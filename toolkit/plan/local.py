@@ -18,6 +18,7 @@ from toolkit.plan.hardware import (
     CpuInfo,
     GpuInfo,
     calibration_path,
+    cpu_rank_memory_gib,
     default_cpu_ranks,
     disk_free,
     fingerprint,
@@ -78,8 +79,9 @@ def _cpu_preset() -> dict[str, Any]:
     return yaml.safe_load((PRESET_DIR / "clusters" / "cpu.yaml").read_text())
 
 
-def _cpu_cluster(cpu: CpuInfo, ranks: int, det: Detection) -> None:
-    """Peaks from the ISA and clock; host-side figures that only a measurement knows from the cpu preset."""
+def _cpu_cluster(cpu: CpuInfo, ranks: int, det: Detection, calibrated: bool) -> None:
+    """Peaks from the ISA and clock; host-side figures that only a measurement knows from the cpu preset
+    (said to be unknown unless this host's calibration will replace them)."""
     cores = max(cpu.logical_cpus // ranks, 1)
     ghz = (cpu.mhz or 0) / 1e3
     if not ghz:
@@ -111,6 +113,8 @@ def _cpu_cluster(cpu: CpuInfo, ranks: int, det: Detection) -> None:
         if key in preset:
             det.cluster[key] = preset[key]
             det.sources[key] = "cpu preset (not measured on this host)"
+    if calibrated:
+        return
     det.unknown.append(
         "host-side figures (eager-op cost, gloo bandwidth, engine overheads, matmul efficiency) are not "
         "measured on this host: taken from the cpu preset (a calibration of a 2-core host)"
@@ -209,15 +213,18 @@ def detect(
         "cpu": cpu.model,
         "cpu_flags": sorted(f for f in cpu.flags if re.match(r"(avx|amx|fma)", f)),
     }
+    ranks = ranks or (len(gpus) if gpus else default_cpu_ranks(cpu, numa_nodes(root)))
+    versions = versions if versions is not None else package_versions()
+    det.fingerprint = fingerprint(cpu, gpus, ranks, versions)
+    path = calibration_path(det.fingerprint)
+    calibrated = use_cache and path.is_file()
     if gpus:
         det.hardware["gpu"] = f"{len(gpus)} × {gpus[0].name}"
         det.hardware["driver"] = gpus[0].driver
         _gpu_cluster(gpus, det)
-        if ranks:
-            det.cluster["gpus_per_node"] = ranks
+        det.cluster["gpus_per_node"] = ranks
     else:
-        numa = numa_nodes(root)
-        _cpu_cluster(cpu, ranks or default_cpu_ranks(cpu, numa), det)
+        _cpu_cluster(cpu, ranks, det, calibrated)
     total = meminfo_gib(meminfo, "MemTotal")
     if total is None:
         det.unknown.append("host memory (/proc/meminfo unreadable): assumed 16 GiB")
@@ -226,7 +233,7 @@ def detect(
     det.sources["cpu_memory_gib"] = "/proc/meminfo MemTotal"
     if det.cluster["accelerator"] == "cpu":
         # the ranks share the host's memory; keep a tenth for the OS, page cache and the launcher
-        det.cluster["gpu_memory_gib"] = round(0.9 * total / det.cluster["gpus_per_node"], 2)
+        det.cluster["gpu_memory_gib"] = cpu_rank_memory_gib(total, ranks)
         det.sources["gpu_memory_gib"] = "90 % of MemTotal shared by the ranks"
     free, on_nvme = disk_free(checkpoint_path or Path.cwd(), root)
     det.hardware["disk_free_gib"] = None if free is None else round(free, 1)
@@ -241,17 +248,11 @@ def detect(
         det.cluster["inter_node_gb_per_s"] = 25.0
     else:
         det.cluster["inter_node_gb_per_s"] = det.cluster.get("intra_node_gb_per_s", 1.0)
-    versions = versions if versions is not None else package_versions()
-    det.fingerprint = fingerprint(cpu, gpus, det.cluster["gpus_per_node"], versions)
-    path = calibration_path(det.fingerprint)
-    if use_cache and path.is_file():
+    if calibrated:
         measured = yaml.safe_load(path.read_text()) or {}
         measured.pop("name", None)
         det.cluster.update(measured)
-        det.cluster["name"] = "local"
         det.calibration = path
-        det.warnings = [w for w in det.warnings if "not calibrated" not in w]
-        det.unknown = [u for u in det.unknown if not u.startswith("host-side")]
         for k in measured:
             det.sources[k] = f"measured by dstk calibrate ({path})"
     return det

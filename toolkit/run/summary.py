@@ -49,8 +49,9 @@ def summarize(trainer: Any, run: Any, layout: Layout) -> dict[str, Any]:
 
         predicted = estimate(run.model, run.cluster, layout).to_dict()
         summary["predicted"] = predicted
-        summary["warnings"] = reality_check(summary, run.cluster, layout)
     if trainer.rt.is_main:
+        if run.cluster is not None:  # on rank 0 only: it may detect the host (nvidia-smi) again
+            summary["warnings"] = reality_check(summary, run.cluster, layout)
         run.run_dir.mkdir(parents=True, exist_ok=True)
         (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
         print_comparison(summary)
