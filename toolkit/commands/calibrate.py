@@ -78,18 +78,16 @@ def run(args: argparse.Namespace) -> int:
     from toolkit.plan.calibration import cluster_description
     from toolkit.run.calibrate import measure
 
+    what = host.hardware.get("gpu") or host.hardware.get("cpu")
     start = time.monotonic()
-    print(
-        f"calibrating {host.hardware.get('gpu') or host.hardware.get('cpu')} with {ranks} ranks ...",
-        flush=True,
-    )
+    print(f"calibrating {what} with {ranks} ranks ...", flush=True)
     results = measure(ranks, str(args.nvme_path) if args.nvme_path else None)
     desc = cluster_description(results, args.name)
     build(ClusterSpec, desc, "calibration")  # what we write must load
     took = time.monotonic() - start
     text = (
         f"# Written by `dstk calibrate --ranks {ranks}` in {took:.0f} s: measured on this machine, {ranks} ranks "
-        f"at once.\n# Host: {host.hardware.get('gpu') or host.hardware.get('cpu')}; fingerprint "
+        f"at once.\n# Host: {what}; fingerprint "
         f"{host.fingerprint}; training precision measured fastest: {results[0]['precision']}.\n"
         + HEADER
         + yaml.safe_dump(desc, sort_keys=False)

@@ -190,9 +190,17 @@ def default_precision(cluster: ClusterSpec) -> Precision:
     fp32 (every GPU with bf16 tensor cores, a CPU with AVX512-BF16/AMX), else fp16 where supported and faster
     (V100, T4), else fp32 — so never bf16 where it is emulated (an AVX2-only CPU runs torch's bf16 matmul
     ~75× slower than fp32) and never fp16 on CPU, which DeepSpeed rejects."""
-    fp32 = cluster.peak_flops("fp32")
+    return fastest_precision(
+        {p: cluster.peak_flops(p) for p in ("bf16", "fp16", "fp32") if cluster.supports(p)}
+    )
+
+
+def fastest_precision(peak_flops: dict[str, float]) -> Precision:
+    """bf16, then fp16, whichever of the supported precisions (the keys; fp32 always among them) computes at
+    least as fast as fp32; else fp32. The one rule behind the planner's default and `dstk calibrate`'s choice
+    of the precision it probes training in."""
     for precision in ("bf16", "fp16"):
-        if cluster.supports(precision) and cluster.peak_flops(precision) >= fp32:
+        if precision in peak_flops and peak_flops[precision] >= peak_flops["fp32"]:
             return precision
     return "fp32"
 

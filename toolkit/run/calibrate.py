@@ -193,6 +193,7 @@ def _worker(rank: int, world: int, port: int, nvme: str | None, queue: Any) -> N
 
     accel = deepspeed.get_accelerator()
     accel.set_device(rank)
+    from toolkit.plan.layout import fastest_precision
     from toolkit.run.runtime import allow_heap_reuse
 
     allow_heap_reuse()  # measure the steady state `dstk train` reaches after its first two steps
@@ -228,7 +229,8 @@ def _worker(rank: int, world: int, port: int, nvme: str | None, queue: Any) -> N
             _linear_train_tflops(dt, s, device, sync) for s in shapes
         )
     # every rank must probe the same way: rank 0's choice of the training precision is the job's
-    choice = [_fastest(result["large_tflops"], accel)]
+    supported = {p: v for p, v in result["large_tflops"].items() if p != "bf16" or result["supports_bf16"]}
+    choice = [fastest_precision(supported)]
     dist.broadcast_object_list(choice, src=0)
     precision = result["precision"] = choice[0]
     dtype = dtypes[precision]
@@ -262,17 +264,6 @@ def _worker(rank: int, world: int, port: int, nvme: str | None, queue: Any) -> N
     from toolkit.run.runtime import exit_without_teardown
 
     exit_without_teardown()  # gloo's teardown aborts ~1 exit in 15, which would fail the calibration
-
-
-def _fastest(large_tflops: dict[str, float], accel: Any) -> str:
-    """The training precision this accelerator computes fastest (bf16, then fp16, when at least as fast
-    as fp32 and supported; `toolkit.plan.layout.default_precision` makes the same choice from the result)."""
-    for p in ("bf16", "fp16"):
-        if p in large_tflops and large_tflops[p] >= large_tflops["fp32"]:
-            if p == "bf16" and accel.device_name() != "cpu" and not accel.is_bf16_supported():
-                continue
-            return p
-    return "fp32"
 
 
 def measure(ranks: int, nvme: str | None = None, timeout_s: float = 600) -> list[dict[str, Any]]:
