@@ -2,7 +2,9 @@
 report, launcher) reach neither the run folders nor a heavy package at any depth — imports inside functions
 included, the one named exception being `integrations/validate.py`'s lazy DeepSpeed import — no import cycle
 inside `toolkit`, and only entry points at the top level. Each check is a function of a source tree, so the
-tests also show that a planted violation fails."""
+tests also show that a planted violation fails. Per-architecture facts have one owner too: the table in
+`plan/architectures.py`; nothing else branches on an architecture's name (`hf_config.py`, which translates
+HF's per-family config keys, excepted)."""
 
 from __future__ import annotations
 
@@ -145,6 +147,37 @@ def cycles(root: Path) -> list[list[str]]:
     return found
 
 
+ARCHITECTURE_NAME_READERS = {"plan/architectures.py", "plan/hf_config.py"}
+
+
+def architecture_branches(tree: Path) -> list[str]:
+    """`file:line` of every comparison of an `.architecture` attribute with a string or tuple of strings."""
+
+    def names_architecture(node: ast.AST) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "architecture"
+
+    def literal(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant):
+            return isinstance(node.value, str)
+        return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and all(literal(e) for e in node.elts)
+
+    found = []
+    for path in sorted(tree.rglob("*.py")):
+        rel = str(path.relative_to(tree))
+        if rel in ARCHITECTURE_NAME_READERS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                if any(names_architecture(x) for x in sides) and any(literal(x) for x in sides):
+                    found.append(f"{rel}:{node.lineno}")
+    return found
+
+
+def test_per_architecture_facts_live_in_one_table() -> None:
+    assert architecture_branches(TOOLKIT) == []
+
+
 def test_pure_folders_reach_no_run_folder_and_no_heavy_package() -> None:
     assert boundary_violations(TOOLKIT) == []
 
@@ -182,6 +215,7 @@ def test_no_module_is_a_room_of_its_own() -> None:
             "toolkit.report.cost → toolkit.run.loop (a run folder)",
         ),
         ("plan/specs.py", "from toolkit.plan.layout import Layout", "cycle"),
+        ("run/models.py", "x = model.architecture in ('gpt2', 'bloom')", "branch"),
     ],
 )
 def test_a_planted_violation_fails_the_checks(tmp_path, module, line, expected) -> None:
@@ -192,5 +226,7 @@ def test_a_planted_violation_fails_the_checks(tmp_path, module, line, expected) 
     target.write_text(target.read_text() + f"\n\ndef _planted() -> None:\n    {line}\n")
     if expected == "cycle":
         assert any("toolkit.plan.specs" in c for c in cycles(tree))
+    elif expected == "branch":
+        assert [b.split(":")[0] for b in architecture_branches(tree)] == [module]
     else:
         assert any(p.endswith(expected) for p in boundary_violations(tree)), boundary_violations(tree)

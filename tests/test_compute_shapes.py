@@ -11,6 +11,7 @@ from toolkit.plan.cost.estimate import estimate
 from toolkit.plan.layout import LayoutRequest
 from toolkit.plan.load import load_cluster, load_model
 from toolkit.plan.planner import plan
+from toolkit.plan.query import PlanQuery
 from toolkit.plan.rules import resolve_layout
 
 
@@ -58,8 +59,8 @@ def test_hf_eager_rmsnorm_and_rotary_cost_what_they_move() -> None:
 
 def test_the_target_runtime_decides_the_kernels() -> None:
     model, cluster = load_model("llama-7b"), load_cluster("dgx-a100-80g")
-    hf = plan(model, cluster, global_batch=256)
-    megatron = plan(model, cluster, global_batch=256, scopes=("layout",))
+    hf = plan(model, cluster, PlanQuery(global_batch_size=256))
+    megatron = plan(model, cluster, PlanQuery(global_batch_size=256, scopes=("layout",)))
     assert hf is not None and megatron is not None
     assert not hf.best.layout.fused_kernels and megatron.best.layout.fused_kernels
     assert hf.best.estimate.mfu < megatron.best.estimate.mfu

@@ -13,6 +13,7 @@ import pytest
 from tests.cli import REPO, dstk
 from toolkit.errors import UserError
 from toolkit.plan.load import load_cluster, load_model
+from toolkit.plan.query import PlanQuery
 from toolkit.report.cost import parse_tokens, scaling_rows
 
 GPT3 = ["plan", "--model", "gpt3-175b", "--cluster", "dgx-a100-80g", "--global-batch", "1536"]
@@ -166,10 +167,7 @@ def test_scaling_row_when_nothing_fits() -> None:
     rows = scaling_rows(
         load_model("gpt3-175b"),
         load_cluster("cpu"),
-        {},
-        global_batch=8,
-        margin=0.1,
-        scopes=("layout", "deepspeed"),
+        PlanQuery(global_batch_size=8),
         node_counts=[1],
     )
     assert rows[0].tokens_per_s is None and "no layout fits" in (rows[0].reason or "")

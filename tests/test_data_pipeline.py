@@ -123,7 +123,11 @@ def test_each_quality_filter_drops_its_document_and_nothing_else(tmp_path) -> No
 def test_defaults_keep_every_document_of_the_demo_corpus(tmp_path) -> None:
     files = write_corpus(tmp_path / "raw", docs_per_domain=2000, seed=0)
     kept, _ = filter_documents(files, PrepareOptions(), tmp_path / "spill.jsonl")
-    assert kept.read == 6000 and len(kept.domain_ids) == 6000 and not any(kept.dropped.values())
+    duplicates = kept.dropped["exact_duplicate"] + kept.dropped["near_duplicate"]
+    others = {k: v for k, v in kept.dropped.items() if v and not k.endswith("_duplicate")}
+    # templated text: a handful of documents are near copies by chance (3 of 6000 at seed 0), nothing else goes
+    assert kept.read == 6000 and others == {} and duplicates <= 6
+    assert len(kept.domain_ids) == 6000 - duplicates
     assert list(kept.domains) == ["web", "code", "books"]
 
 
@@ -226,8 +230,9 @@ def test_realised_token_shares_are_within_two_points_of_the_mix(demo_files, tmp_
         sum(mixture["tokens_after"].values())
         == manifest["tokens"]["train"] + manifest["tokens"]["validation"]
     )
-    after = mixture["documents_after"].values()
-    assert manifest["dropped"]["mixing"] > 0 and min(after) < 1500 and max(after) == 1500  # one domain limits
+    after, before = mixture["documents_after"], mixture["documents_before"]
+    assert manifest["dropped"]["mixing"] > 0 and any(after[d] < before[d] for d in after)
+    assert any(after[d] == before[d] for d in after)  # one domain limits: all of it is used
     packed = sum(int(rows_of(tmp_path / s)[1].sum()) for s in ("train", "validation"))
     assert packed == sum(mixture["tokens_after"].values())  # what the manifest counts is what was written
 
@@ -365,3 +370,65 @@ def test_cli_flags_reach_the_pipeline(tmp_path) -> None:
     assert "50 of 53 documents kept" in result.out
     sample = manifest["tokenizer_training"]  # ~1 kB of the ~13 kB kept: every 13th or so document
     assert sample["every_kth_document"] > 5 and sample["documents"] == -(-50 // sample["every_kth_document"])
+
+
+# --- defaults on a real corpus ---------------------------------------------------------------------------
+
+
+def _stdlib_docstrings(min_words: int = 120) -> list[str]:
+    """Real prose written by people and present on every machine (no download): the long docstrings of
+    CPython's standard library (PSF licence), one document each."""
+    import ast
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    docs: set[str] = set()
+    for path in sorted(root.rglob("*.py")):
+        if {"test", "tests", "site-packages", "idlelib"} & set(path.parts):
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                if doc and len(doc.split()) >= min_words:
+                    docs.add(doc)
+    return sorted(docs)
+
+
+def _near_copy(doc: str, rng: random.Random) -> str:
+    """What a scraper meets: the same text with a word changed, one dropped, and different line breaks."""
+    words = doc.split()
+    words[rng.randrange(len(words))] = rng.choice(["the", "a", "this", "that"])
+    del words[rng.randrange(len(words))]
+    return " ".join(words)
+
+
+def test_default_prepare_removes_planted_duplicates_of_a_real_corpus_and_keeps_the_rest(tmp_path) -> None:
+    docs = _stdlib_docstrings()
+    assert len(docs) >= 200
+    rng = random.Random(0)
+    planted = [d for d in rng.sample(docs, 100)] + [_near_copy(d, rng) for d in rng.sample(docs, 100)]
+    unique, dirty = tmp_path / "unique.jsonl", tmp_path / "dirty.jsonl"
+    unique.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    mixed = docs + planted
+    rng.shuffle(mixed)
+    dirty.write_text("".join(json.dumps({"text": d}) + "\n" for d in mixed))
+
+    def kept(path: Path) -> tuple[int, int]:
+        out = tmp_path / path.stem
+        prepare([path], out, seq_length=64, vocab_size=512, seed=0)  # the defaults: what `data prepare` does
+        m = json.loads((out / "manifest.json").read_text())
+        return sum(m["documents"].values()), m["dropped"]["exact_duplicate"] + m["dropped"]["near_duplicate"]
+
+    kept_unique, removed_unique = kept(unique)
+    kept_dirty, _ = kept(dirty)
+    assert (
+        removed_unique <= len(docs) // 50
+    )  # CPython docstrings that are near copies of each other (5 of 351)
+    # a planted copy survives only if it adds a document to what the clean corpus keeps (copies of documents
+    # the quality filter drops go with them); and no unique document is lost for a copy's sake
+    survivors = kept_dirty - kept_unique
+    assert 0 <= survivors <= 0.05 * len(planted), survivors

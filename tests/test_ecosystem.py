@@ -401,6 +401,7 @@ MEGATRON_CASES = {
 
 @pytest.mark.parametrize("case", list(MEGATRON_CASES))
 def test_megatron_arguments_are_verified_flags_with_the_plans_values(tmp_path, case) -> None:
+    from toolkit.integrations.ds_layout import ModelParallel
     from toolkit.integrations.validate import validate_config
     from toolkit.plan.load import load_model
 
@@ -475,7 +476,8 @@ def test_megatron_arguments_are_verified_flags_with_the_plans_values(tmp_path, c
     for owned in ("optimizer", "scheduler", "tensor_parallel", "pipeline", "dstk", "sequence_parallel_size"):
         assert owned not in cfg
     accelerator = "cpu" if flags[flags.index("--cluster") + 1] == "cpu" else "cuda"
-    assert validate_config(cfg, dp, accelerator) == []
+    # DeepSpeed under Megatron's mpu counts data-parallel ranks only
+    assert validate_config(cfg, dp, accelerator, ModelParallel()).texts == []
 
 
 # ------------------------------------------------------------------------------------------ bad combinations

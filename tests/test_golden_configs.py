@@ -41,3 +41,30 @@ def test_golden_config_regenerates_byte_for_byte_and_validates(name: str, tmp_pa
 def test_golden_configs_have_no_strays() -> None:
     files = {p.stem for p in (REPO / "ds_configs").glob("*.json")}
     assert files == set(SCENARIOS)
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_estimate_of_a_config_is_the_estimate_of_the_flags_that_wrote_it(name: str) -> None:
+    from toolkit.commands import CLUSTER_OVERRIDES
+    from toolkit.plan.layout import LAYOUT_FLAGS
+
+    job_flags = {"--model", "--cluster"} | {f"--{k.replace('_', '-')}" for k in CLUSTER_OVERRIDES}
+    job, layout = [], []
+    for flag, value in _options(shlex.split(SCENARIOS[name]["args"])):
+        if flag in job_flags:
+            job += [flag, value]
+        elif flag in LAYOUT_FLAGS.values() or flag.removeprefix("--no-") in LAYOUT_FLAGS.values():
+            layout += [flag] if value is None else [flag, value]
+    by_flags = dstk("estimate", *job, *layout, "--json")
+    by_config = dstk("estimate", *job, "--config", str(REPO / "ds_configs" / f"{name}.json"), "--json")
+    assert by_flags.code == 0 and by_config.code == 0, (by_flags.err, by_config.err)
+    assert by_config.out == by_flags.out
+
+
+def _options(argv: list[str]) -> list[tuple[str, str | None]]:
+    out = []
+    for i, token in enumerate(argv):
+        if token.startswith("--"):
+            value = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else None
+            out.append((token, value))
+    return out

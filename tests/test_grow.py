@@ -224,16 +224,21 @@ def test_growth_validation_is_pure_and_names_each_problem() -> None:
     from toolkit.errors import UserError
     from toolkit.plan.grow import plan_growth
     from toolkit.plan.load import load_model
+    from toolkit.plan.specs import ModelSpec
 
     llama = load_model(LLAMA_MODEL)
     bad_kv = llama.model_copy(update={"n_heads": 8, "n_kv_heads": 2, "hidden_size": 128})
     with pytest.raises(UserError, match="n_kv_heads: must grow by the factor n_heads grows by"):
         plan_growth(llama, bad_kv)
-    bloom = load_model("tests/models/tiny-test-gpt2.yaml").model_copy(update={"architecture": "bloom"})
-    with pytest.raises(UserError, match="BLOOM grows in depth only"):
-        plan_growth(
-            bloom, bloom.model_copy(update={"hidden_size": 128, "n_heads": 8, "ffn_hidden_size": 512})
-        )
+    tiny = load_model("tests/models/tiny-test-gpt2.yaml").model_dump(exclude={"position_embedding"})
+    bloom = ModelSpec(**{**tiny, "architecture": "bloom"})
+    wider = {
+        "hidden_size": 2 * bloom.hidden_size,
+        "n_heads": 2 * bloom.n_heads,
+        "n_kv_heads": 2 * bloom.n_heads,
+    }
+    with pytest.raises(UserError, match="BLOOM grow in depth only"):
+        plan_growth(bloom, bloom.model_copy(update={**wider, "ffn_hidden_size": 2 * bloom.ffn_hidden_size}))
     moe = load_model("tests/models/tiny-test-moe.yaml")
     with pytest.raises(UserError, match="num_experts: growing MoE"):
         plan_growth(moe, moe.model_copy(update={"n_layers": moe.n_layers * 2}))
@@ -390,7 +395,8 @@ def test_other_families_grow_exactly(tmp_path, arch, wide) -> None:
     from transformers import AutoModelForCausalLM
 
     from toolkit.plan.load import load_model
-    from toolkit.run.grow import _hf_config, grow
+    from toolkit.run.grow import grow
+    from toolkit.run.models import hf_config
 
     base = dict(
         name=arch, architecture=arch, n_layers=2, hidden_size=64, n_heads=4, vocab_size=512, seq_length=64
@@ -400,7 +406,7 @@ def test_other_families_grow_exactly(tmp_path, arch, wide) -> None:
     parent_path = tmp_path / "parent.yaml"
     parent_path.write_text(yaml.safe_dump(base))
     torch.manual_seed(0)
-    parent = AutoModelForCausalLM.from_config(_hf_config(load_model(str(parent_path))))
+    parent = AutoModelForCausalLM.from_config(hf_config(load_model(str(parent_path))))
     with torch.no_grad():
         for p in parent.parameters():
             p.add_(torch.randn_like(p) * 0.05)

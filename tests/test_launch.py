@@ -34,7 +34,7 @@ def _cluster_file(tmp_path, hostnames, **extra):
 
 def test_single_node_dry_run_is_the_deepspeed_command(tmp_path) -> None:
     cfg = tmp_path / "ds.json"
-    cfg.write_text("{}")
+    cfg.write_text('{"train_micro_batch_size_per_gpu": 1}')  # dstk launch validates it
     r = dstk(
         "launch",
         "--cluster",
@@ -77,7 +77,7 @@ def test_multi_node_command_hostfile_and_network(tmp_path) -> None:
 def test_hostile_hostnames_are_refused(tmp_path, host) -> None:
     path = _cluster_file(tmp_path, ["ok-node", host])
     cfg = tmp_path / "ds.json"
-    cfg.write_text("{}")
+    cfg.write_text('{"train_micro_batch_size_per_gpu": 1}')  # dstk launch validates it
     r = dstk(
         "launch", "--cluster", str(path), "--config", str(cfg), "--run-dir", str(tmp_path / "r"), "--dry-run"
     )

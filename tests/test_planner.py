@@ -11,7 +11,8 @@ from tests.cli import dstk
 from toolkit.errors import UserError
 from toolkit.plan.layout import LayoutRequest
 from toolkit.plan.load import load_cluster, load_model
-from toolkit.plan.planner import DEFAULT_MARGIN, plan
+from toolkit.plan.planner import plan
+from toolkit.plan.query import DEFAULT_MARGIN, PlanQuery
 from toolkit.plan.rules import RULES, resolve_layout
 
 BOTH = ("layout", "deepspeed")
@@ -184,8 +185,8 @@ def test_plan_fits_within_margin_and_matches_estimate() -> None:
 
 def test_offload_only_when_nothing_else_fits() -> None:
     model = load_model("llama-13b")
-    one = plan(model, load_cluster("dgx-a100-80g", {"gpus_per_node": 1}), global_batch=8)
-    eight = plan(model, load_cluster("dgx-a100-80g"), global_batch=64)
+    one = plan(model, load_cluster("dgx-a100-80g", {"gpus_per_node": 1}), PlanQuery(global_batch_size=8))
+    eight = plan(model, load_cluster("dgx-a100-80g"), PlanQuery(global_batch_size=64))
     assert one is not None and eight is not None
     assert one.best.layout.offload_optimizer != "none"
     assert eight.best.layout.offload_optimizer == "none" and eight.best.layout.offload_param == "none"
@@ -208,14 +209,14 @@ def test_nothing_fits_names_the_smallest_cluster() -> None:
     assert r.code == 2 and r.err.count("\n") == 1
     nodes = int(re.search(r"--nodes (\d+)", r.err).group(1))
     model = load_model("gpt3-175b")
-    fixed = {"offload_optimizer": "none", "offload_param": "none"}
-    assert plan(model, load_cluster("dgx-a100-40g", {"nodes": nodes}), fixed, global_batch=512) is not None
-    assert plan(model, load_cluster("dgx-a100-40g", {"nodes": nodes - 1}), fixed, global_batch=512) is None
+    query = PlanQuery(offload_optimizer="none", offload_param="none", global_batch_size=512)
+    assert plan(model, load_cluster("dgx-a100-40g", {"nodes": nodes}), query) is not None
+    assert plan(model, load_cluster("dgx-a100-40g", {"nodes": nodes - 1}), query) is None
     assert "drop the --offload-* constraints" in r.err or "offload" in r.err
 
 
 def test_plan_explains_the_choice() -> None:
-    p = plan(load_model("llama-7b"), load_cluster("dgx-a100-80g"), global_batch=256)
+    p = plan(load_model("llama-7b"), load_cluster("dgx-a100-80g"), PlanQuery(global_batch_size=256))
     assert p is not None
     text = " ".join(p.explanation)
     assert "tokens/s" in text and "GiB" in text and "Step time" in text
@@ -264,6 +265,23 @@ def test_validate_accepts_generated_config_and_bad_file_errors(tmp_path) -> None
     broken = tmp_path / "broken.json"
     broken.write_text("{not json")
     r = dstk("validate", str(broken), "--world-size", "2")
-    assert r.code == 2 and "malformed JSON" in r.err
+    assert r.code == 2 and "malformed config" in r.err
     r = dstk("validate", str(out), "--world-size", "0")
     assert r.code == 2 and "--world-size" in r.err
+
+
+def test_a_plan_query_is_typed_and_pins_only_what_was_set() -> None:
+    from pydantic import ValidationError
+
+    from toolkit.plan.layout import LayoutRequest
+
+    with pytest.raises(ValidationError, match="zero_stag"):
+        PlanQuery(zero_stag=3)
+    with pytest.raises(ValidationError, match="zero_stage"):
+        PlanQuery(zero_stage=4)
+    request = LayoutRequest(zero_stage=2, global_batch_size=64, gradient_accumulation_steps=4)
+    query = PlanQuery.pinning(request)
+    assert query.pins() == {"zero_stage": 2} and query.global_batch_size == 64
+    assert query.options("zero_stage", [0, 1, 2, 3]) == [2] and query.options("tp", [1, 2]) == [1, 2]
+    best = plan(load_model("llama-7b"), load_cluster("dgx-a100-80g"), query)
+    assert best is not None and best.best.layout.zero_stage == 2 and best.best.layout.global_batch_size == 64

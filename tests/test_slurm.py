@@ -94,7 +94,7 @@ def test_single_node_hostile_paths_and_arguments_reach_deepspeed_as_exact_words(
     monkeypatch.chdir(tmp_path)  # the script cds here; a relative `touch canary` would land here
     run_dir = tmp_path / "run dir;$(touch canary)`touch canary`#x%j"
     cfg = tmp_path / "my cfg;$(touch canary).json"
-    cfg.write_text("{}")
+    cfg.write_text('{"train_micro_batch_size_per_gpu": 1}')  # dstk launch validates it
     script = tmp_path / "job.sbatch"
     extra = [w for word in HOSTILE_WORDS for w in ("--note", word)]
     r = dstk(
@@ -138,7 +138,7 @@ def test_single_node_hostile_paths_and_arguments_reach_deepspeed_as_exact_words(
 def test_two_nodes_hostfile_and_master_addr_from_slurm(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     cfg = tmp_path / "ds.json"
-    cfg.write_text("{}")
+    cfg.write_text('{"train_micro_batch_size_per_gpu": 1}')  # dstk launch validates it
     script, run_dir = tmp_path / "job.sbatch", tmp_path / "run"
     cluster = _cluster(tmp_path, 2, network_interface="ib0")
     r = dstk(
@@ -197,7 +197,7 @@ def test_restart_loop_resumes_after_a_failure(tmp_path, monkeypatch) -> None:
 def test_hostile_hostnames_from_slurm_are_refused_before_anything_runs(tmp_path, monkeypatch, host) -> None:
     monkeypatch.chdir(tmp_path)
     cfg = tmp_path / "ds.json"
-    cfg.write_text("{}")
+    cfg.write_text('{"train_micro_batch_size_per_gpu": 1}')  # dstk launch validates it
     script = tmp_path / "job.sbatch"
     r = dstk(
         "launch", "--cluster", str(_cluster(tmp_path, 2)), "--config", str(cfg),

@@ -227,3 +227,42 @@ def test_field_docstrings_become_descriptions() -> None:
     for cls in (ModelSpec, ClusterSpec):
         for name, field in cls.model_fields.items():
             assert field.description, f"{cls.__name__}.{name} has no docstring"
+
+
+def test_the_architecture_table_covers_exactly_the_families_a_spec_accepts() -> None:
+    from typing import get_args
+
+    from toolkit.plan.architectures import ARCHITECTURES
+    from toolkit.plan.specs import Architecture
+
+    assert set(ARCHITECTURES) == set(get_args(Architecture))
+    for name, facts in ARCHITECTURES.items():
+        assert facts.name == name
+        assert set(facts.defaults) <= set(ModelSpec.model_fields), name
+        spec = ModelSpec(
+            architecture=name, n_layers=2, hidden_size=64, n_heads=4, vocab_size=128, seq_length=32
+        )
+        assert {k: getattr(spec, k) for k in facts.defaults} == dict(facts.defaults), name
+        assert spec.family is facts
+
+
+def test_the_table_agrees_with_the_hf_model_it_describes() -> None:
+    """Block prefix, residual outputs and LoRA targets name real modules of a model built from the table's
+    own config (a typo in the table would otherwise surface only in a growth or LoRA run)."""
+    pytest.importorskip("transformers")
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    for name in ("gpt2", "bloom", "llama", "qwen2"):
+        spec = ModelSpec(
+            architecture=name, n_layers=1, hidden_size=32, n_heads=4, vocab_size=64, seq_length=16
+        )
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**to_hf_config(spec)))
+        names = [n for n, _ in model.named_parameters()]
+        block = [
+            n[len(spec.family.block_prefix) + 2 :] for n in names if n.startswith(spec.family.block_prefix)
+        ]
+        assert block, name
+        for prefix in spec.family.residual_outputs:
+            assert any(b.startswith(prefix) for b in block), (name, prefix)
+        for target in spec.family.lora_targets:
+            assert any(f".{target}." in f".{b}" for b in block), (name, target)

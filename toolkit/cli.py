@@ -42,6 +42,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `dstk ... | head`: the reader left, nothing is wrong
         sys.stderr.close()
         return 0
+    except OSError as exc:
+        if exc.filename is None:  # not about a path the user gave: a bug, keep its traceback
+            raise
+        # an output directory that cannot be created, a file that cannot be written: the user's path, one line
+        print(f"dstk {args.verb}: error: {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"dstk {args.verb}: interrupted", file=sys.stderr)
         return 130

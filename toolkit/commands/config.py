@@ -150,13 +150,15 @@ def _write_targets(
         megatron_cfg = megatron.megatron_ds_config(cfg, layout)
         if args.validate:
             # DeepSpeed sees Megatron's mpu: only the data-parallel ranks count in its batch check
-            _validate(megatron_cfg, layout.dp, cluster.accelerator)
+            _validate(megatron_cfg, layout, cluster.accelerator, model_parallel=True)
         files[args.output] = ds_config.dumps(megatron_cfg)
         stdout = shlex.join(megatron.megatron_args(model, cluster, layout, cfg, args.output)) + "\n"
     elif args.hf_trainer:
         from toolkit.integrations.hf_trainer import hf_trainer_files
 
         hf_cfg, training_args = hf_trainer_files(cfg, cluster, layout)
+        if args.validate:  # its "auto" fields filled as the Trainer will fill them from training_args
+            _validate(hf_cfg, layout, cluster.accelerator, hidden_size=model.hidden_size)
         files[args.output] = ds_config.dumps(hf_cfg)
         files[_companion(args.output, ".training_args.json")] = ds_config.dumps(training_args)
     if args.accelerate:
@@ -170,12 +172,27 @@ def _write_targets(
     print(f"wrote {', '.join(map(str, files))} ({' '.join(layout.flags())})", file=sys.stderr)
 
 
-def _validate(cfg: dict[str, Any], world_size: int, accelerator: str) -> None:
+def _validate(
+    cfg: dict[str, Any],
+    layout: Any,
+    accelerator: str,
+    model_parallel: bool = False,
+    hidden_size: int | None = None,
+) -> None:
+    """DeepSpeed's verdict on what dstk wrote, for the layout's world size (its TP/PP/SP given when the
+    launcher sets them rather than the file); "auto" fields filled as HF would fill them for this layout."""
+    from toolkit.integrations.ds_auto import RunFacts
+    from toolkit.integrations.ds_layout import ModelParallel
     from toolkit.integrations.validate import validate_config
 
-    problems = validate_config(cfg, world_size, accelerator)
-    if problems:  # dstk generated something DeepSpeed refuses: our bug, not the user's
-        raise RuntimeError("generated config rejected by DeepSpeed: " + "; ".join(problems))
+    # under Megatron's mpu DeepSpeed counts the data-parallel ranks only (its groups take TP, PP and SP)
+    world, parallel = (layout.dp, ModelParallel()) if model_parallel else (layout.world_size, None)
+    facts = RunFacts(
+        layout.micro_batch_size, layout.gradient_accumulation_steps, hidden_size, layout.precision
+    )
+    verdict = validate_config(cfg, world, accelerator, parallel, facts)
+    if verdict.problems:  # dstk generated something DeepSpeed refuses: our bug, not the user's
+        raise RuntimeError("generated config rejected by DeepSpeed: " + "; ".join(verdict.texts))
 
 
 def _check_inputs(args: argparse.Namespace, model: Any, cluster: Any) -> None:
@@ -210,16 +227,15 @@ def _layout(args: argparse.Namespace, model: Any, cluster: Any) -> Any:
     scopes = scopes_from_args(args)
     if not args.plan:
         return resolve_layout(model, cluster, request, scopes)
-    from toolkit.plan.planner import DEFAULT_MARGIN, nothing_fits_message, plan
+    from toolkit.plan.planner import nothing_fits_message, plan
+    from toolkit.plan.query import PlanQuery
 
-    fixed = request.model_dump(exclude_unset=True)
+    query = PlanQuery.pinning(request, scopes=scopes)
     if args.hf_trainer or args.accelerate:  # layouts they cannot run are not worth planning
-        fixed.setdefault("pp", 1)
-        fixed.setdefault("sp", 1)
-    batch = fixed.pop("global_batch_size", None)
-    result = plan(model, cluster, fixed, global_batch=batch, scopes=scopes)
+        query = query.model_copy(update={"pp": query.pp or 1, "sp": query.sp or 1})
+    result = plan(model, cluster, query)
     if result is None:
-        raise nothing_fits_message(model, cluster, fixed, batch, DEFAULT_MARGIN, scopes)
+        raise nothing_fits_message(model, cluster, query)
     return result.best.layout
 
 
@@ -250,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if args.validate:
-        _validate(cfg, cluster.world_size, cluster.accelerator)
+        _validate(cfg, layout, cluster.accelerator)
     if args.hf_trainer or args.accelerate or args.megatron:
         _write_targets(args, model, cluster, layout, cfg)
     elif str(args.output) == "-":

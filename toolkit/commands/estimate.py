@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import Any
 
 from toolkit.commands import (
     add_cluster_args,
@@ -24,7 +26,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("dstk", "deepspeed"),
         default="dstk",
         help="ZeRO bucket/prefetch/live-parameter sizes: dstk's (sized from the model, as dstk config writes "
-        "them) or DeepSpeed's defaults (a hand-written config without them)",
+        "them) or DeepSpeed's defaults (a hand-written config without them); with --config, the config's",
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="DS_JSON",
+        help="estimate an existing DeepSpeed config: its ZeRO stage, offload, batch, precision and ZeRO sizes "
+        "(layout flags given as well override it; --tp/--pp/--sp for what a Megatron launch sets)",
     )
     parser.add_argument("--json", action="store_true", help="print the estimate as JSON")
 
@@ -32,13 +41,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from toolkit.plan.cost.estimate import estimate
     from toolkit.plan.rules import resolve_layout
-
-    model, cluster = model_from_args(args), cluster_from_args(args)
-    layout = resolve_layout(model, cluster, layout_request_from_args(args))
     from toolkit.plan.zero_knobs import deepspeed_default_knobs
 
-    knobs = deepspeed_default_knobs(layout) if args.zero_buckets == "deepspeed" else None
-    result = estimate(model, cluster, layout, knobs)
+    model, cluster = model_from_args(args), cluster_from_args(args)
+    request = layout_request_from_args(args)
+    if args.config is not None:
+        result = estimate_config(args.config, model, cluster, request, (args.tp, args.pp, args.sp))
+    else:
+        layout = resolve_layout(model, cluster, request)
+        knobs = deepspeed_default_knobs(layout) if args.zero_buckets == "deepspeed" else None
+        result = estimate(model, cluster, layout, knobs)
     if args.json:
         print_json(result.to_dict())
     else:
@@ -46,3 +58,25 @@ def run(args: argparse.Namespace) -> int:
 
         print_estimate(result)
     return 0
+
+
+def estimate_config(
+    path: Path, model: Any, cluster: Any, flags: Any, model_parallel: tuple[int | None, ...] = ()
+) -> Any:
+    """The estimate of an existing DeepSpeed config for `model` on `cluster`: the layout it fixes (flags set in
+    `flags` laid over it; `model_parallel` = the TP/PP/SP a Megatron launch sets) with the ZeRO sizes it sets."""
+    from toolkit.integrations.ds_input import read_ds_config
+    from toolkit.integrations.ds_layout import ModelParallel, knobs_from_config, request_from_config
+    from toolkit.integrations.dstk_block import read_dstk_block
+    from toolkit.plan.cost.estimate import estimate
+    from toolkit.plan.layout import LayoutRequest
+    from toolkit.plan.rules import resolve_layout
+    from toolkit.plan.zero_knobs import derive_zero_knobs
+
+    cfg = read_ds_config(path)
+    given = flags.model_dump(exclude_unset=True)
+    base = request_from_config(cfg, cluster.world_size, ModelParallel.of(cfg, *model_parallel), given=given)
+    request = LayoutRequest(**{**base.model_dump(exclude_unset=True), **given})
+    layout = resolve_layout(model, cluster, request)
+    ours = derive_zero_knobs(model, layout) if read_dstk_block(cfg).layout is not None else None
+    return estimate(model, cluster, layout, knobs_from_config(cfg, layout, ours))

@@ -109,13 +109,13 @@ def _grow(args: argparse.Namespace) -> int:
     from toolkit.errors import UserError
     from toolkit.plan.growth import replan
     from toolkit.plan.load import load_model
+    from toolkit.plan.query import PlanQuery
 
     target = load_model(args.to)
     from_model = load_model(args.from_model) if args.from_model else None
     args.cluster = args.cluster or "cpu"
     cluster = cluster_from_args(args)  # before the (slow) growth: a typo fails in milliseconds
-    fixed = layout_request_from_args(args).model_dump(exclude_unset=True)
-    global_batch = fixed.pop("global_batch_size", None)
+    query = PlanQuery.pinning(layout_request_from_args(args))
     if args.out.exists() and any(args.out.iterdir()):
         raise UserError(f"--out: {args.out} exists and is not empty")
 
@@ -154,6 +154,6 @@ def _grow(args: argparse.Namespace) -> int:
         if getattr(args, name, None) is not None
     ]
     cluster_ref = " ".join([args.cluster, *overrides])
-    for line in replan(p, t, cluster, fixed, global_batch, grown_ref=args.to, cluster_ref=cluster_ref):
+    for line in replan(p, t, cluster, query, grown_ref=args.to, cluster_ref=cluster_ref):
         print(line)
     return 0

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from toolkit.commands import add_cluster_args, cluster_from_args
 
@@ -67,7 +68,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _program(args: argparse.Namespace, cluster_file: Path) -> list[str]:
+def _check_config(path: Path, cluster: Any) -> None:
+    """DeepSpeed's verdict on the config for the world about to start, before any rank does: a bad batch or a
+    removed feature fails here in seconds with one line, not on every rank after the JIT builds."""
+    from toolkit.errors import UserError
+    from toolkit.integrations.ds_input import read_ds_config
+    from toolkit.integrations.validate import validate_config
+
+    verdict = validate_config(read_ds_config(path), cluster.world_size, cluster.accelerator)
+    if verdict.problems:
+        more = (
+            f" (and {len(verdict.problems) - 1} more: dstk validate {path} --world-size {cluster.world_size})"
+        )
+        raise UserError(f"--config: {verdict.problems[0].text}{more if len(verdict.problems) > 1 else ''}")
+
+
+def _program(args: argparse.Namespace, cluster_file: Path, cluster: Any = None) -> list[str]:
     from toolkit.errors import UserError
 
     program = list(args.program)
@@ -79,6 +95,8 @@ def _program(args: argparse.Namespace, cluster_file: Path) -> list[str]:
         raise UserError("--config: dstk train needs the DeepSpeed config (dstk config writes one)")
     if not args.config.is_file():
         raise UserError(f"--config: {args.config} not found")
+    if cluster is not None and not (args.include or args.exclude):
+        _check_config(args.config, cluster)
     extra = ["--config", str(args.config)]
     if "--cluster" not in program:
         extra += ["--cluster", str(cluster_file)]
@@ -141,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
         return _write_slurm(args, cluster)
     hostfile, cluster_file = args.run_dir / "hostfile", args.run_dir / "cluster.yaml"
     text = hostfile_text(cluster)
-    program = _program(args, cluster_file)
+    program = _program(args, cluster_file, cluster)
     launch = deepspeed_command(
         cluster, hostfile, program, master_port=args.master_port, include=args.include, exclude=args.exclude
     )
@@ -208,7 +226,7 @@ def _write_slurm(args: argparse.Namespace, cluster: object) -> int:
     from toolkit.launcher.slurm import SlurmOptions, sbatch_script
 
     run_dir = args.run_dir.resolve()
-    program = _program(args, run_dir / "cluster.yaml")
+    program = _program(args, run_dir / "cluster.yaml", cluster)
     options = SlurmOptions(
         job_name=args.job_name or _default_job_name(program),
         time=args.time,

@@ -26,6 +26,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_layout_args(parser)
     add_target_arg(parser)
     parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="DS_JSON",
+        help="compare the plan with an existing DeepSpeed config, planned at its global batch; layout flags then "
+        'describe the config (filling its "auto" fields) instead of constraining the plan',
+    )
+    parser.add_argument(
         "--memory-margin",
         type=float,
         default=None,
@@ -144,24 +151,32 @@ def _training(inputs: dict[str, Any], model: Any, cluster: Any, best: Any) -> di
 def run(args: argparse.Namespace) -> int:
     from toolkit.errors import UserError
     from toolkit.integrations.ds_config import build_ds_config, recipe_line
-    from toolkit.plan.planner import DEFAULT_MARGIN, nothing_fits_message, plan
+    from toolkit.plan.planner import nothing_fits_message, plan
+    from toolkit.plan.query import DEFAULT_MARGIN, PlanQuery
 
     model, cluster = model_from_args(args), cluster_from_args(args)
-    request = layout_request_from_args(args)
-    fixed = request.model_dump(exclude_unset=True)
     margin = DEFAULT_MARGIN if args.memory_margin is None else args.memory_margin
     if not 0 <= margin < 1:
         raise UserError(f"--memory-margin: {margin} must be in [0, 1)")
     scopes = scopes_from_args(args)
-    global_batch = fixed.pop("global_batch_size", None)
+    request = layout_request_from_args(args)
+    query = PlanQuery.pinning(request, margin=margin, scopes=scopes)
+    theirs = None
+    if args.config is not None:
+        from toolkit.commands.estimate import estimate_config
+
+        # the layout flags describe the config (they fill its "auto" fields); the plan searches freely for the
+        # same job: the config's global batch
+        theirs = estimate_config(args.config, model, cluster, request, (args.tp, args.pp, args.sp))
+        query = PlanQuery(global_batch_size=theirs.layout.global_batch_size, margin=margin, scopes=scopes)
     cost_inputs = _cost_inputs(args)
     if args.scaling_nodes:
         from toolkit.report.cost import parse_node_counts
 
         parse_node_counts(args.scaling_nodes)
-    result = plan(model, cluster, fixed, global_batch=global_batch, margin=margin, scopes=scopes)
+    result = plan(model, cluster, query)
     if result is None:
-        raise nothing_fits_message(model, cluster, fixed, global_batch, margin, scopes)
+        raise nothing_fits_message(model, cluster, query)
     training = None if cost_inputs is None else _training(cost_inputs, model, cluster, result.best)
     opts = None
     if cost_inputs is not None:
@@ -173,6 +188,8 @@ def run(args: argparse.Namespace) -> int:
     ds_config = build_ds_config(model, cluster, result.best.layout, opts)
     data = plan_to_dict(result, ds_config, training)
     data["recipe"] = recipe_line(ds_config)
+    if theirs is not None:
+        data["your_config"] = {"path": str(args.config), **theirs.to_dict()}
     if args.elastic:
         from toolkit.plan.elastic import elastic_sizes, parse_range
 
@@ -201,15 +218,8 @@ def run(args: argparse.Namespace) -> int:
             if args.scaling_nodes
             else default_node_counts(cluster.nodes)
         )
-        rows = scaling_rows(
-            model,
-            cluster,
-            fixed,
-            global_batch=result.best.layout.global_batch_size,
-            margin=margin,
-            scopes=scopes,
-            node_counts=counts,
-        )
+        same_batch = query.model_copy(update={"global_batch_size": result.best.layout.global_batch_size})
+        rows = scaling_rows(model, cluster, same_batch, node_counts=counts)
         data["scaling"] = [asdict(r) for r in rows]
     if args.report:
         from toolkit.report.render import write_plan_report
@@ -224,6 +234,8 @@ def run(args: argparse.Namespace) -> int:
     print("\nWhy:")
     for line in result.explanation:
         print(f"  - {line}")
+    if theirs is not None:
+        print(f"\n{_comparison(args.config, theirs, result.best.estimate)}")
     print(f"\nOptimisation recipe: {data['recipe']}")
     print(
         f"\nReproduce: dstk estimate --model {args.model or model.name} --cluster {args.cluster} "
@@ -257,3 +269,23 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         print(f"Report: {args.report}")
     return 0
+
+
+def _comparison(path: Path, theirs: Any, ours: Any) -> str:
+    """One paragraph: the user's config beside the plan, and what differs between them."""
+    gib = 2**30
+
+    def said(e: Any) -> str:
+        fits = "" if e.fits else " (does not fit)"
+        return (
+            f"{e.memory.total / gib:.1f} GiB per GPU, {e.tokens_per_s:,.0f} tokens/s, MFU {e.mfu:.1%}{fits}"
+        )
+
+    mine, plan = theirs.layout.model_dump(), ours.layout.model_dump()
+    changed = [f"{k} {mine[k]} → {plan[k]}" for k in mine if mine[k] != plan[k] and k != "dp"]
+    speed = ours.tokens_per_s / theirs.tokens_per_s if theirs.tokens_per_s else float("inf")
+    return (
+        f"Your config ({path.name}): {theirs.layout.describe()}: {said(theirs)}.\n"
+        f"dstk's plan: {ours.layout.describe()}: {said(ours)} ({speed:.2f}× the tokens/s); "
+        + ("the same layout." if not changed else "it changes " + ", ".join(changed) + " (see Why).")
+    )

@@ -219,17 +219,19 @@ def run(args: argparse.Namespace) -> int:
 
     from toolkit.commands import model_from_args
     from toolkit.errors import UserError
+    from toolkit.integrations.ds_input import read_ds_config
+    from toolkit.integrations.ds_layout import request_from_config
     from toolkit.integrations.dstk_block import read_dstk_block
-    from toolkit.plan.load import load_cluster, read_mapping
+    from toolkit.plan.load import load_cluster
     from toolkit.run.loop_state import LoopOptions
     from toolkit.run.session import TrainRun, main
     from toolkit.run.stability import Fault
 
     model = model_from_args(args)
-    config = read_mapping(args.config)
+    config = read_ds_config(args.config)
     block = read_dstk_block(config)
     steps = args.steps or ((config.get("scheduler") or {}).get("params") or {}).get("total_num_steps")
-    if not steps or steps <= 0:
+    if not isinstance(steps, int) or steps <= 0:
         raise UserError("--steps: give a positive number of steps (the config's scheduler has none)")
     if args.save_every is None:
         planned = block.checkpoint_interval_steps
@@ -251,6 +253,7 @@ def run(args: argparse.Namespace) -> int:
     guard = _guard_options(args)
     faults = tuple(Fault.parse(f) for f in args.inject_fault or ())
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    request_from_config(config, world)  # DeepSpeed's batch arithmetic for this world size, before any torch
     cluster = None
     if args.cluster:
         cluster = load_cluster(args.cluster)

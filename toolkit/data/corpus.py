@@ -21,9 +21,15 @@ OPS = [("add", "+"), ("sub", "-"), ("mul", "*"), ("max_of", "max")]
 def _web(rng: random.Random) -> str:
     town, thing = rng.choice(TOWNS), rng.choice(THINGS)
     n, m = rng.randint(2, 40), rng.randint(100, 9000)
+    facts = [
+        f"It was founded in {rng.randint(1100, 1900)}.",
+        f"The mayor is {rng.choice(NAMES)}, elected in {rng.randint(1990, 2024)}.",
+        f"The nearest town is {rng.choice(TOWNS)}, {rng.randint(2, 90)} miles away.",
+        f"Its market opens on day {rng.randint(1, 28)} of every month.",
+    ]
     return (
-        f"The town of {town} has {n} {thing} and about {m} people. Visitors to {town} often count the "
-        f"{thing}: there are {n} of them. The population of {town} is {m}."
+        f"The town of {town} has {n} {thing} and about {m} people. {rng.choice(facts)} Visitors to {town} "
+        f"often count the {thing}: there are {n} of them. {rng.choice(facts)} The population of {town} is {m}."
     )
 
 
@@ -31,7 +37,14 @@ def _code(rng: random.Random) -> str:
     name, op = rng.choice(OPS)
     a, b = rng.choice("xyzab"), rng.choice("uvwcd")
     body = f"max({a}, {b})" if op == "max" else f"{a} {op} {b}"
-    return f"def {name}_{a}{b}({a}, {b}):\n    return {body}\n\n\nprint({name}_{a}{b}(3, 4))\n"
+    # bounds, names and labels drawn per document: 100 functions used in ~10⁷ ways, so the corpus survives
+    # the default deduplication (exact, then near) the way a real code corpus would, not as 100 repeated snippets
+    n, k, acc = rng.randint(2, 99), rng.randint(0, 99), rng.choice(["total", "acc", "out", "result", "s"])
+    label = rng.choice(["sum", "value", "answer", "got", "result is"])
+    return (
+        f"def {name}_{a}{b}({a}, {b}):\n    return {body}\n\n\n{acc} = {rng.randint(0, 9)}\n"
+        f'for i in range({n}):\n    {acc} += {name}_{a}{b}(i, {k})\nprint("{label}", {acc})\n'
+    )
 
 
 def _books(rng: random.Random) -> str:

@@ -219,10 +219,14 @@ def build_ds_config(
     }
     if layout.tp > 1:
         cfg["tensor_parallel"] = {"autotp_size": layout.tp}
-    if model.architecture == "mixtral" and layout.ep > 1:
+    if model.family.native_moe and layout.ep > 1:
         # HF's own MoE blocks are sharded by DeepSpeed's AutoEP; dense models made MoE by dstk pass ep_size
         # to deepspeed.moe.layer.MoE in code instead (toolkit/parallel/moe.py)
-        cfg["expert_parallel"] = {"enabled": True, "autoep_size": layout.ep, "preset_model": "mixtral"}
+        cfg["expert_parallel"] = {
+            "enabled": True,
+            "autoep_size": layout.ep,
+            "preset_model": model.architecture,
+        }
     if layout.sp > 1:
         cfg["sequence_parallel_size"] = layout.sp
     if layout.pp > 1:

@@ -73,7 +73,7 @@ def check_layout(model: ModelSpec, layout: Layout, flag: str = "--hf-trainer") -
             f"{flag}: DeepSpeed-Ulysses (sp={layout.sp}) reaches the Trainer only through Accelerate's "
             "ParallelismConfig, which a DeepSpeed config cannot carry; use --sp 1, or dstk train"
         )
-    if model.is_moe and model.architecture != "mixtral":
+    if model.is_moe and not model.family.native_moe:
         raise UserError(
             f"{flag}: {model.name} is a {model.architecture} model made MoE by dstk (DeepSpeed-MoE layers that only "
             "dstk train inserts); the Trainer would train the dense HF model. Use dstk train, or a Mixtral model"

@@ -2,8 +2,10 @@
 
 `DeepSpeedConfig` reads the world size through `deepspeed.comm.get_world_size()` at construction and silently
 assumes 1 when no process group exists; we patch `deepspeed.comm.get_world_size`/`get_rank` for the call, so
-its batch arithmetic is checked for the world size the job will really have (pipeline configs go through a
-minimal mpu, as `PipelineModule` provides one). DeepSpeed does not reject unknown top-level keys, unknown
+its batch arithmetic is checked for the world size the job will really have, and an mpu gives it the
+data-parallel size as the engine's TP/PP groups would (world / tp·pp·sp). The file is first made sense of as
+`ds_input` describes ("auto" fields, types DeepSpeed reads raw, batch arithmetic with the fix), and judged for
+the target accelerator rather than the host (GPUDirect Storage needs CUDA; fp16 is refused on CPU). DeepSpeed does not reject unknown top-level keys, unknown
 optimizer/scheduler names, parameter offload below stage 3 or pipelines with ZeRO-2/3 at config time — the
 engine fails later, or ignores them — so dstk checks those itself. Every problem is collected; none stops the
 others from being found.
@@ -12,11 +14,14 @@ others from being found.
 from __future__ import annotations
 
 import contextlib
-import copy
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from toolkit.errors import UserError
+from toolkit.integrations.ds_auto import RunFacts, fill_auto
+from toolkit.integrations.ds_input import type_problems
+from toolkit.integrations.ds_layout import ModelParallel, config_batch
 from toolkit.integrations.dstk_block import DSTK_KEY, read_dstk_block
 
 # Top-level keys DeepSpeed 0.19.8 reads (runtime/config.py and deepspeed.initialize), plus dstk's own block.
@@ -116,25 +121,6 @@ def _import_deepspeed_quietly() -> None:
     import deepspeed  # noqa: F401
 
 
-def _batch_problem(cfg: dict[str, Any], world_size: int) -> str | None:
-    """DeepSpeed's batch assertion, reworded to name the fields and the fix."""
-    tbs, mbs = cfg.get("train_batch_size"), cfg.get("train_micro_batch_size_per_gpu")
-    gas = cfg.get("gradient_accumulation_steps")
-    if not all(isinstance(x, int) and x > 0 for x in (tbs, mbs, gas)):
-        return None
-    sp = cfg.get("sequence_parallel_size", 1) or 1
-    ranks = world_size // _pipeline_stages(cfg) // sp
-    if tbs == mbs * gas * ranks:
-        return None
-    fix = f"train_batch_size {mbs * gas * ranks}"
-    if tbs % (mbs * ranks) == 0:
-        fix += f" or gradient_accumulation_steps {tbs // (mbs * ranks)}"
-    return (
-        f"train_batch_size: {tbs} != train_micro_batch_size_per_gpu({mbs}) × gradient_accumulation_steps({gas}) "
-        f"× batch ranks({ranks}) = {mbs * gas * ranks} for world size {world_size}; use {fix}"
-    )
-
-
 def _describe(exc: Exception) -> str:
     import pydantic
 
@@ -144,35 +130,47 @@ def _describe(exc: Exception) -> str:
     return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
-def _pipeline_stages(cfg: dict[str, Any]) -> int:
-    stages = cfg.get("pipeline", {}).get("stages", 1) if isinstance(cfg.get("pipeline"), dict) else 1
-    return stages if isinstance(stages, int) and stages > 0 else 1
+def _unknown_keys(cfg: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(problems, warnings) for top-level keys DeepSpeed does not read: a near miss of a known key is a typo that
+    silently loses a setting; anything else (`_comment`, another tool's section) is only ignored."""
+    import difflib
+
+    problems, warnings = [], []
+    for key in sorted(set(cfg) - KNOWN_TOP_LEVEL):
+        close = difflib.get_close_matches(key.strip(), KNOWN_TOP_LEVEL, n=1, cutoff=0.8)
+        if close:
+            problems.append(
+                f"{key}: unknown top-level key; did you mean {close[0]}? (DeepSpeed would ignore it)"
+            )
+        else:
+            warnings.append(f"{key}: not a DeepSpeed key; DeepSpeed ignores it")
+    return problems, warnings
 
 
-def _dstk_checks(cfg: dict[str, Any], world_size: int, accelerator: str | None) -> list[str]:
-    """Combinations DeepSpeed accepts at config time but that fail (or silently do nothing) at run time."""
-    problems = [
-        f"{k}: unknown top-level key (DeepSpeed would silently ignore it)"
-        for k in sorted(set(cfg) - KNOWN_TOP_LEVEL)
-    ]
+def _ignored(cfg: dict[str, Any]) -> list[str]:
+    """Settings DeepSpeed accepts and then does not apply: what the file says is not what will run."""
     zero = cfg.get("zero_optimization") or {}
-    stage = int(zero.get("stage", 0)) if isinstance(zero, dict) else 0
-    pp = _pipeline_stages(cfg)
+    stage = int(zero.get("stage", 0))
+    offload_param = (zero.get("offload_param") or {}).get("device", "none")
+    if offload_param not in (None, "none") and stage != 3:
+        return [
+            f"zero_optimization.offload_param: needs stage 3 (got {stage}); below it DeepSpeed ignores it"
+        ]
+    return []
+
+
+def _dstk_checks(cfg: dict[str, Any], parallel: ModelParallel, accelerator: str) -> list[str]:
+    """Combinations DeepSpeed accepts at config time but that fail at run time."""
+    problems, _ = _unknown_keys(cfg)
+    zero = cfg.get("zero_optimization") or {}
+    stage = int(zero.get("stage", 0))
+    pp = parallel.pp
     if pp > 1 and stage >= 2:
         problems.append(
             f"pipeline: {pp} stages need zero_optimization.stage 0 or 1 (got {stage}); DeepSpeed's "
             "PipelineEngine asserts 'ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism'"
         )
-    offload_param = (
-        (zero.get("offload_param") or {}).get("device", "none") if isinstance(zero, dict) else "none"
-    )
-    if offload_param not in (None, "none") and stage != 3:
-        problems.append(
-            f"zero_optimization.offload_param: needs stage 3 (got {stage}); below it DeepSpeed ignores it"
-        )
-    offload_opt = (
-        (zero.get("offload_optimizer") or {}).get("device", "none") if isinstance(zero, dict) else "none"
-    )
+    offload_opt = (zero.get("offload_optimizer") or {}).get("device", "none")
     if offload_opt not in (None, "none") and stage == 0:
         problems.append("zero_optimization.offload_optimizer: needs stage 1, 2 or 3 (got 0)")
     try:
@@ -189,15 +187,17 @@ def _dstk_checks(cfg: dict[str, Any], world_size: int, accelerator: str | None) 
             problems.append(f"optimizer: remove it; {DSTK_KEY}.optimizer already names the optimizer")
     if accelerator == "cpu" and (cfg.get("fp16") or {}).get("enabled"):
         problems.append("fp16.enabled: the CPU accelerator does not support fp16 (use bf16 or fp32)")
-    batch = _batch_problem(cfg, world_size)
-    if batch:
-        problems.append(batch)
-    tp = (cfg.get("tensor_parallel") or {}).get("autotp_size", 0) or 1
-    if world_size % (tp * pp):
-        problems.append(
-            f"world size {world_size} is not divisible by autotp_size({tp}) × pipeline stages({pp})"
-        )
     return problems
+
+
+_ONEBIT_HINT = (
+    "dstk has its own: dstk config --optimizer {} writes it into the config's dstk block for dstk train"
+)
+_REMOVED_ONEBIT = {
+    "onebitadam": _ONEBIT_HINT.format("onebit-adam"),
+    "zerooneadam": _ONEBIT_HINT.format("zero-one-adam"),
+    "onebitlamb": "dstk has no 1-bit LAMB; use --optimizer onebit-adam, or lamb without compression",
+}
 
 
 def _engine_checks(ds_cfg: Any) -> list[str]:
@@ -208,7 +208,13 @@ def _engine_checks(ds_cfg: Any) -> list[str]:
 
     problems = []
     opt = ds_cfg.optimizer_name
-    if opt is not None and opt not in DEEPSPEED_OPTIMIZERS and getattr(torch.optim, opt, None) is None:
+    replacement = _REMOVED_ONEBIT.get(str(opt).lower().replace("_", ""))
+    if replacement is not None:
+        problems.append(
+            f"optimizer.type: {opt!r} was removed from DeepSpeed (its 1-bit optimizers are gone since 0.19); "
+            + replacement
+        )
+    elif opt is not None and opt not in DEEPSPEED_OPTIMIZERS and getattr(torch.optim, opt, None) is None:
         problems.append(
             f"optimizer.type: {opt!r} is not a DeepSpeed optimizer (valid: {', '.join(DEEPSPEED_OPTIMIZERS)} or a torch.optim class)"
         )
@@ -220,10 +226,57 @@ def _engine_checks(ds_cfg: Any) -> list[str]:
     return problems
 
 
-def validate_config(cfg: Any, world_size: int, accelerator: str | None = None) -> list[str]:
-    """Every problem DeepSpeed (and dstk) finds in `cfg` for a job of `world_size` ranks; [] when it is good."""
+# DeepSpeed's own words for the batch problems `ds_layout.resolve_batch` reports with a fix (runtime/config.py)
+_BATCH_MESSAGES = (
+    "Check batch related parameters",
+    "Either train_batch_size or train_micro_batch_size_per_gpu",
+    "Gradient accumulation steps:",
+    "Micro batch size per gpu:",
+    "Train batch size:",
+)
+
+
+@dataclass(frozen=True)
+class Problem:
+    text: str
+    by: Literal["deepspeed", "dstk"]
+    """`deepspeed`: DeepSpeed refuses it (its config classes, on the target accelerator); `dstk`: DeepSpeed
+    accepts the file, but `deepspeed.initialize` or the engine fails on it later, or silently ignores it."""
+
+
+@dataclass
+class Verdict:
+    """Every problem found, and a note for each "auto" (or autotuning) field saying who fills it."""
+
+    problems: list[Problem] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    """What DeepSpeed accepts and ignores: not a refusal, but the file does not do all it says."""
+
+    @property
+    def texts(self) -> list[str]:
+        return [p.text for p in self.problems]
+
+    def add(self, by: Literal["deepspeed", "dstk"], texts: list[str]) -> None:
+        self.problems += [Problem(t, by) for t in texts]
+
+
+def validate_config(
+    cfg: Any,
+    world_size: int,
+    accelerator: str = "cuda",
+    parallel: ModelParallel | None = None,
+    facts: RunFacts | None = None,
+) -> Verdict:
+    """Every problem DeepSpeed (and dstk) finds in `cfg` for a job of `world_size` ranks on `accelerator`.
+
+    `parallel` gives TP/PP/SP when the launch sets them (Megatron-DeepSpeed), else the config's own;
+    `facts` fill "auto" fields as HF Trainer/Accelerate would. Problems never stop each other from being found,
+    except that wrong types stop the checks that would trip over them."""
+    verdict = Verdict()
     if not isinstance(cfg, dict):
-        return [f"config: expected a JSON object, got {type(cfg).__name__}"]
+        verdict.add("deepspeed", [f"config: expected a JSON object, got {type(cfg).__name__}"])
+        return verdict
     _import_deepspeed_quietly()
     from deepspeed.runtime.config import (
         _REMOVED_TOP_LEVEL_CONFIG_KEYS,
@@ -232,8 +285,11 @@ def validate_config(cfg: Any, world_size: int, accelerator: str | None = None) -
         DeepSpeedConfigError,
     )
 
-    cfg = copy.deepcopy(cfg)  # DeepSpeedConfig writes into nested dicts
-    problems = [
+    cfg, verdict.notes, unfilled = fill_auto(
+        cfg, facts or RunFacts()
+    )  # a copy: DeepSpeedConfig writes into it
+    verdict.add("dstk", unfilled)
+    removed = [
         f"{k}: {' '.join(str(msg).split())}" for k, msg in _REMOVED_TOP_LEVEL_CONFIG_KEYS.items() if k in cfg
     ]
     for key in _REMOVED_TOP_LEVEL_CONFIG_KEYS:
@@ -242,19 +298,39 @@ def validate_config(cfg: Any, world_size: int, accelerator: str | None = None) -
     if isinstance(zero, dict):
         for key, msg in _REMOVED_ZERO_CONFIG_KEYS.items():
             if key in zero:
-                problems.append(f"zero_optimization.{key}: {' '.join(str(msg).split())}")
+                removed.append(f"zero_optimization.{key}: {' '.join(str(msg).split())}")
                 zero.pop(key)
-    problems += _dstk_checks(cfg, world_size, accelerator)
-    pp = _pipeline_stages(cfg)
-    mpu = _DataParallelMpu(world_size // pp) if pp > 1 and world_size % pp == 0 else None
+    verdict.add("deepspeed", removed)
+    wrong_types = type_problems(cfg)
+    verdict.add("deepspeed", wrong_types)
+    if wrong_types:
+        return verdict
+    parallel = parallel or ModelParallel.of(cfg)
+    try:
+        dp = parallel.data_parallel(world_size)
+        config_batch(cfg, dp)
+        batch_ok = True
+    except UserError as exc:
+        verdict.add("deepspeed", [str(exc)])
+        dp, batch_ok = max(world_size // (parallel.tp * parallel.pp * parallel.sp), 1), False
+    aio = cfg.get("aio")
+    if isinstance(aio, dict) and aio.get("use_gds") and accelerator != "cuda":
+        # aio_config.py asserts get_accelerator().device_name() == 'cuda': judged for the target, not the host
+        verdict.add(
+            "deepspeed", [f"aio.use_gds: GPUDirect Storage needs the cuda accelerator, not {accelerator}"]
+        )
+    if isinstance(aio, dict) and aio.get("use_gds"):
+        aio["use_gds"] = False
+    verdict.add("dstk", _dstk_checks(cfg, parallel, accelerator))
+    verdict.warnings = _unknown_keys(cfg)[1] + _ignored(cfg)
     ds_cfg = None
     with _world_of(world_size):
         try:
-            ds_cfg = DeepSpeedConfig(cfg, mpu=mpu)
+            ds_cfg = DeepSpeedConfig(cfg, mpu=_DataParallelMpu(dp))
         except (DeepSpeedConfigError, AssertionError, ValueError, TypeError, KeyError, AttributeError) as exc:
             message = _describe(exc)
-            if not ("Check batch related parameters" in message and _batch_problem(cfg, world_size)):
-                problems.append(message)  # the batch mismatch is already reported, with its fix
+            if batch_ok or not any(m in message for m in _BATCH_MESSAGES):
+                verdict.add("deepspeed", [message])  # a batch problem is already reported, with its fix
     if ds_cfg is not None:
-        problems += _engine_checks(ds_cfg)
-    return problems
+        verdict.add("dstk", _engine_checks(ds_cfg))
+    return verdict

@@ -11,6 +11,7 @@ mask, so SDPA runs causal — what HF does for unpadded batches. Partitioning is
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import torch
@@ -28,7 +29,7 @@ def _load(module: nn.Module, state: dict[str, torch.Tensor], prefix: str) -> Non
 
 
 def _prefixes(spec: ModelSpec) -> dict[str, str]:
-    if spec.architecture == "gpt2":
+    if spec.family.naming == "gpt2":
         return {
             "embed": "transformer.wte.",
             "pos": "transformer.wpe.",
@@ -75,16 +76,11 @@ class BlockPipe(nn.Module):
     def __init__(self, spec: ModelSpec, config: Any, index: int, state: dict[str, torch.Tensor]) -> None:
         super().__init__()
         self.rotary = None
-        if spec.architecture == "gpt2":
-            from transformers.models.gpt2.modeling_gpt2 import GPT2Block
-
-            self.block = GPT2Block(config, layer_idx=index)
+        arch, prefix = spec.architecture, spec.family.hf_prefix
+        modeling = importlib.import_module(f"transformers.models.{arch}.modeling_{arch}")
+        if spec.family.naming == "gpt2":
+            self.block = getattr(modeling, f"{prefix}Block")(config, layer_idx=index)
         else:
-            import importlib
-
-            arch = spec.architecture
-            modeling = importlib.import_module(f"transformers.models.{arch}.modeling_{arch}")
-            prefix = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}[arch]
             self.block = getattr(modeling, f"{prefix}DecoderLayer")(config, index)
             self.rotary = getattr(modeling, f"{prefix}RotaryEmbedding")(config=config)
         _load(self.block, state, _prefixes(spec)["block"].format(index))

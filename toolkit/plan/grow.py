@@ -31,16 +31,6 @@ _KEPT = (
     "num_experts",
 )
 _WIDTH = ("hidden_size", "n_heads", "n_kv_heads", "ffn_hidden_size")
-_BLOCKS = {"gpt2": "transformer.h.", "bloom": "transformer.h."}  # the rest: "model.layers."
-_ZERO_OUT = {
-    "gpt2": ("attn.c_proj.", "mlp.c_proj."),
-    "bloom": ("self_attention.dense.", "mlp.dense_4h_to_h."),
-}  # the rest: Llama-family names
-_LLAMA_ZERO_OUT = ("self_attn.o_proj.", "mlp.down_proj.")
-
-
-def block_prefix(arch: str) -> str:
-    return _BLOCKS.get(arch, "model.layers.")
 
 
 @dataclass(frozen=True)
@@ -116,8 +106,10 @@ def plan_growth(
             "head keeps its key/value group"
         )
     factors.pop("kv_heads")
-    if target.architecture == "bloom" and any(v > 1 for v in factors.values()):
-        problems.append("hidden_size: BLOOM grows in depth only (its ALiBi slopes depend on the head count)")
+    if target.position_embedding == "alibi" and any(v > 1 for v in factors.values()):
+        problems.append(
+            "hidden_size: ALiBi models such as BLOOM grow in depth only (the slopes depend on the head count)"
+        )
     if not problems and target.n_layers == parent.n_layers and all(v == 1 for v in factors.values()):
         problems.append(f"n_layers: {target.name} has the parent's shape; nothing to grow")
     if problems:

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from toolkit.errors import UserError
 from toolkit.plan.params import count_params
+from toolkit.plan.query import PlanQuery
 from toolkit.plan.specs import ClusterSpec, ModelSpec
 
 _STRICT = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
@@ -47,8 +48,7 @@ def replan(
     parent: ModelSpec,
     grown: ModelSpec,
     cluster: ClusterSpec,
-    fixed: dict[str, Any] | None = None,
-    global_batch: int | None = None,
+    query: PlanQuery | None = None,
     grown_ref: str | None = None,
     cluster_ref: str | None = None,
 ) -> list[str]:
@@ -56,20 +56,18 @@ def replan(
 
     The global batch stays the parent's plan's unless given: a progressive run keeps its batch, and the
     planner's default batch grows with the model, which would show as a change nobody asked for."""
-    from toolkit.plan.planner import DEFAULT_MARGIN, nothing_fits_message, plan
+    from toolkit.plan.planner import nothing_fits_message, plan
 
-    fixed = dict(fixed or {})
-    scopes = ("layout", "deepspeed")
+    query = query or PlanQuery()
     lines = [f"Re-plan on {cluster.name} ({cluster.nodes} × {cluster.gpus_per_node}):"]
-    before = plan(parent, cluster, fixed, global_batch=global_batch, scopes=scopes)
-    batch = global_batch or (before.best.layout.global_batch_size if before else None)
-    after = plan(grown, cluster, fixed, global_batch=batch, scopes=scopes)
+    before = plan(parent, cluster, query)
+    if query.global_batch_size is None and before is not None:
+        query = query.model_copy(update={"global_batch_size": before.best.layout.global_batch_size})
+    after = plan(grown, cluster, query)
     for label, spec, p in (("parent", parent, before), ("grown ", grown, after)):
         what = f"{spec.name} ({spec.n_layers} layers, h={spec.hidden_size}, {count_params(spec).total / 1e6:,.2f}M params)"
         if p is None:
-            lines.append(
-                f"  {label} {what}: {nothing_fits_message(spec, cluster, fixed, batch, DEFAULT_MARGIN, scopes)}"
-            )
+            lines.append(f"  {label} {what}: {nothing_fits_message(spec, cluster, query)}")
         else:
             est = p.best.estimate
             lines.append(f"  {label} {what}: {est.layout.describe()}, {est.tokens_per_s:,.0f} tokens/s")
@@ -84,7 +82,7 @@ def replan(
     if after is not None:
         from toolkit.plan.layout import LAYOUT_FLAGS
 
-        wanted = {**fixed, "global_batch_size": after.best.layout.global_batch_size}
+        wanted = {**query.pins(), "global_batch_size": after.best.layout.global_batch_size}
         flags = []
         for name, value in wanted.items():
             flag = LAYOUT_FLAGS.get(name, "--" + name.replace("_", "-"))

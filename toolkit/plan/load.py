@@ -23,16 +23,21 @@ from toolkit.plan.specs import ClusterSpec, ModelSpec
 M = TypeVar("M", bound=BaseModel)
 
 
-def read_mapping(path: Path) -> dict[str, Any]:
-    """Parse a YAML or JSON file whose top level is a mapping."""
+def read_text(path: Path, expected: str = "a YAML or JSON file") -> str:
+    """The text of a file the user named, or a one-line UserError saying why it cannot be read."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UserError(f"{path}: file not found") from None
     except IsADirectoryError:
-        raise UserError(f"{path}: is a directory, expected a YAML or JSON file") from None
+        raise UserError(f"{path}: is a directory, expected {expected}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"{path}: cannot read ({exc.__class__.__name__}: {exc})") from None
+
+
+def read_mapping(path: Path) -> dict[str, Any]:
+    """Parse a YAML or JSON file whose top level is a mapping."""
+    text = read_text(path)
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except json.JSONDecodeError as exc:

@@ -19,15 +19,6 @@ from dataclasses import dataclass
 from toolkit.errors import UserError
 from toolkit.plan.specs import ModelSpec
 
-DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
-    "gpt2": ("c_attn",),
-    "bloom": ("query_key_value",),
-    "llama": ("q_proj", "v_proj"),
-    "mistral": ("q_proj", "v_proj"),
-    "mixtral": ("q_proj", "v_proj"),
-    "qwen2": ("q_proj", "v_proj"),
-}
-
 
 @dataclass(frozen=True)
 class LoraSpec:
@@ -81,10 +72,10 @@ def block_linears(model: ModelSpec) -> dict[str, list[tuple[int, int]]]:
     """(in, out) of every linear map in one block, by the HF module name peft matches."""
     h, ffn = model.hidden_size, model.ffn_hidden_size
     q, kv = model.n_heads * model.head_dim, model.n_kv_heads * model.head_dim
-    arch = model.architecture
-    if arch == "gpt2":
+    naming = model.family.naming
+    if naming == "gpt2":
         return {"c_attn": [(h, q + 2 * kv)], "c_proj": [(q, h), (ffn, h)], "c_fc": [(h, ffn)]}
-    if arch == "bloom":
+    if naming == "bloom":
         return {
             "query_key_value": [(h, q + 2 * kv)],
             "dense": [(q, h)],
@@ -98,11 +89,7 @@ def block_linears(model: ModelSpec) -> dict[str, list[tuple[int, int]]]:
 
 
 def targets(model: ModelSpec, spec: LoraSpec) -> tuple[str, ...]:
-    names = spec.targets or DEFAULT_TARGETS.get(model.architecture)
-    if not names:
-        raise UserError(
-            f"--lora: no default target modules for architecture {model.architecture}; give targets="
-        )
+    names = spec.targets or model.family.lora_targets
     known = block_linears(model)
     unknown = [n for n in names if n not in known]
     if unknown:

@@ -102,8 +102,7 @@ def _mlp(hidden: int, ffn: int, gated: bool, bias: bool) -> tuple[int, int, int]
 @lru_cache(maxsize=256)
 def _largest_dense_leaf(spec: ModelSpec, q_width: int, kv_width: int) -> int:
     h = spec.hidden_size
-    fused_qkv = spec.architecture in ("gpt2", "bloom")  # GPT-2's c_attn, BLOOM's query_key_value
-    attention = h * (q_width + 2 * kv_width) if fused_qkv else h * max(q_width, kv_width)
+    attention = h * (q_width + 2 * kv_width) if spec.family.fused_qkv else h * max(q_width, kv_width)
     return max(attention, h * spec.ffn_hidden_size)
 
 
@@ -112,7 +111,7 @@ def _largest_expert_leaf(spec: ModelSpec) -> int:
         return 0
     per_matrix = spec.hidden_size * spec.moe_ffn_hidden_size
     # transformers 5 fuses Mixtral's experts (gate_up_proj: E × 2f × h); DeepSpeed MoE keeps one module each
-    if spec.architecture == "mixtral":
+    if spec.family.native_moe:
         return spec.num_experts * per_matrix * (2 if spec.gated_mlp else 1)
     return per_matrix
 
@@ -120,14 +119,13 @@ def _largest_expert_leaf(spec: ModelSpec) -> int:
 @lru_cache(maxsize=256)
 def _largest_leaf(spec: ModelSpec, q_width: int, kv_width: int) -> int:
     h = spec.hidden_size
-    fused_qkv = spec.architecture in ("gpt2", "bloom")  # GPT-2's c_attn, BLOOM's query_key_value
-    attention = h * (q_width + 2 * kv_width) if fused_qkv else h * max(q_width, kv_width)
-    mlp = h * spec.ffn_hidden_size * (2 if spec.gated_mlp and spec.architecture == "mixtral" else 1)
+    attention = h * (q_width + 2 * kv_width) if spec.family.fused_qkv else h * max(q_width, kv_width)
+    mlp = h * spec.ffn_hidden_size * (2 if spec.gated_mlp and spec.family.native_moe else 1)
     if spec.is_moe:
         n_in = 2 if spec.gated_mlp else 1
         # transformers 5 fuses Mixtral's experts into one module; DeepSpeed MoE keeps one module per expert
         per_expert = n_in * h * spec.moe_ffn_hidden_size
-        mlp = max(mlp, spec.num_experts * per_expert if spec.architecture == "mixtral" else per_expert)
+        mlp = max(mlp, spec.num_experts * per_expert if spec.family.native_moe else per_expert)
     return max(attention, mlp)
 
 
@@ -155,7 +153,7 @@ def count_params(spec: ModelSpec) -> ParamCount:
         lm_head=0 if spec.tied_embeddings else spec.vocab_size * h,
         largest_dense_leaf=_largest_dense_leaf(spec, q_width, kv_width),
         largest_expert_leaf=_largest_expert_leaf(spec),
-        fused_experts=spec.architecture == "mixtral",
+        fused_experts=spec.family.native_moe,
         n_layers=spec.n_layers,
         n_moe_layers=spec.n_moe_layers,
         num_experts=spec.num_experts,
@@ -179,7 +177,7 @@ def tensor_numels(spec: ModelSpec) -> tuple[int, ...]:
         return [h, h] if spec.norm == "layernorm" else [h]
 
     out: list[int] = []
-    if spec.architecture in ("gpt2", "bloom"):
+    if spec.family.naming != "llama":
         out.append(spec.vocab_size * h)
         out += [spec.max_position_embeddings * h] if spec.position_embedding == "learned" else []
         out += norm() if spec.embedding_norm else []

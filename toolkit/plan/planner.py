@@ -23,13 +23,12 @@ from toolkit.plan.cost.estimate import Estimate, estimate, estimate_memory, host
 from toolkit.plan.cost.memory import GIB
 from toolkit.plan.layout import Layout, LayoutRequest, data_parallel_size, default_precision, precision_reason
 from toolkit.plan.params import count_params
+from toolkit.plan.query import SEARCHED, PlanQuery
 from toolkit.plan.rules import broken_rules
 from toolkit.plan.specs import ClusterSpec, ModelSpec
 
 NEAR_TIE = 0.02
 """Layouts within 2 % of the best predicted throughput count as ties; the simplest of them wins."""
-DEFAULT_MARGIN = 0.10
-"""Fraction of accelerator memory kept free for allocator fragmentation and transient peaks."""
 LONG_SEQUENCE = 16_384
 """From this sequence length on, Ulysses sequence parallelism joins the search."""
 RECOMPUTE = ("none", "selective", "full")
@@ -101,78 +100,68 @@ def _offload_options(zero: int, cluster: ClusterSpec, allow: bool) -> list[tuple
 class _Search:
     """One planner run: the enumeration and what it saw."""
 
-    def __init__(
-        self,
-        model: ModelSpec,
-        cluster: ClusterSpec,
-        fixed: dict[str, Any],
-        global_batch: int,
-        margin: float,
-        scopes: tuple[str, ...],
-    ) -> None:
-        self.model, self.cluster, self.fixed, self.global_batch = model, cluster, fixed, global_batch
-        self.usable = (1 - margin) * cluster.gpu_memory_gib * GIB
-        self.scopes = scopes
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, query: PlanQuery, global_batch: int) -> None:
+        self.model, self.cluster, self.query, self.global_batch = model, cluster, query, global_batch
+        self.usable = (1 - query.margin) * cluster.gpu_memory_gib * GIB
+        self.scopes = query.scopes
         self.fitting: list[Candidate] = []
         self.too_big: list[Candidate] = []
         self.rule_rejections: dict[str, str] = {}
         self.searched = 0
 
-    def _options(self, name: str, values: list[Any]) -> list[Any]:
-        return [self.fixed[name]] if name in self.fixed else values
-
     def shapes(self) -> list[tuple[int, int, int, int]]:
         """(tp, pp, sp, ep) combinations that tile the world size."""
-        m, c = self.model, self.cluster
+        m, c, q = self.model, self.cluster, self.query
         world = c.world_size
-        tps = self._options(
+        tps = q.options(
             "tp", [t for t in _divisors(c.gpus_per_node) if m.n_heads % t == 0 and m.n_kv_heads % t == 0]
         )
         out = []
         for tp in tps:
             if world % tp:
                 continue
-            for pp in self._options("pp", [p for p in _divisors(world // tp) if p <= m.n_layers]):
+            for pp in q.options("pp", [p for p in _divisors(world // tp) if p <= m.n_layers]):
                 if world % (tp * pp):
                     continue
                 rest = world // (tp * pp)
                 sps = [1]
                 if m.seq_length >= LONG_SEQUENCE:
                     sps = [s for s in _divisors(rest) if (m.n_heads // tp) % s == 0 and m.seq_length % s == 0]
-                for sp in self._options("sp", sps):
+                for sp in q.options("sp", sps):
                     if rest % sp:
                         continue
                     dp = rest // sp
                     eps = [e for e in _divisors(math.gcd(m.num_experts, dp))] if m.is_moe else [1]
-                    out += [(tp, pp, sp, ep) for ep in self._options("ep", eps)]
+                    out += [(tp, pp, sp, ep) for ep in q.options("ep", eps)]
         return out
 
     def run(self, allow_offload: bool) -> None:
-        c = self.cluster
-        precision = self.fixed.get("precision") or default_precision(c)
+        c, q = self.cluster, self.query
+        precision = q.precision or default_precision(c)
+        # Megatron (no "deepspeed" scope) runs TP with sequence parallelism and a vocabulary-parallel
+        # embedding (less memory at the same traffic, so always on) and fused kernels; HF modules in the
+        # DeepSpeed engine run eager
+        megatron = "deepspeed" not in self.scopes
+        fused = megatron if q.fused_kernels is None else q.fused_kernels
         for tp, pp, sp, ep in self.shapes():
             dp = data_parallel_size(c.world_size, tp, pp, sp)
             if self.global_batch % dp:
                 continue
             per_rank = self.global_batch // dp
-            micros = self._options("micro_batch_size", [d for d in _divisors(per_rank) if d & (d - 1) == 0])
-            for zero in self._options("zero_stage", [0, 1, 2, 3] if pp == 1 else [0, 1]):
+            micros = q.options("micro_batch_size", [d for d in _divisors(per_rank) if d & (d - 1) == 0])
+            for zero in q.options("zero_stage", [0, 1, 2, 3] if pp == 1 else [0, 1]):
                 for off_opt, off_param in _offload_options(zero, c, allow_offload):
-                    if "offload_optimizer" in self.fixed and off_opt != self.fixed["offload_optimizer"]:
-                        continue
-                    if "offload_param" in self.fixed and off_param != self.fixed["offload_param"]:
+                    if q.offload_optimizer not in (None, off_opt) or q.offload_param not in (None, off_param):
                         continue
                     zeropps = (
                         [False, True] if zero == 3 and c.nodes > 1 and c.accelerator == "cuda" else [False]
                     )
-                    for zeropp in self._options("zeropp", zeropps):
-                        for recompute in self._options("recompute", list(RECOMPUTE)):
-                            # Megatron (no "deepspeed" scope) runs TP with sequence parallelism and a
-                            # vocabulary-parallel embedding: less memory at the same traffic, so always on
-                            megatron_tp = tp > 1 and "deepspeed" not in self.scopes
+                    for zeropp in q.options("zeropp", zeropps):
+                        for recompute in q.options("recompute", list(RECOMPUTE)):
+                            megatron_tp = tp > 1 and megatron
                             base = dict(
-                                tp_sequence_parallel=self.fixed.get("tp_sequence_parallel", megatron_tp),
-                                tp_vocab_parallel=self.fixed.get("tp_vocab_parallel", megatron_tp),
+                                tp_sequence_parallel=_pinned(q.tp_sequence_parallel, megatron_tp),
+                                tp_vocab_parallel=_pinned(q.tp_vocab_parallel, megatron_tp),
                                 zero_stage=zero,
                                 tp=tp,
                                 pp=pp,
@@ -182,11 +171,10 @@ class _Search:
                                 offload_optimizer=off_opt,
                                 offload_param=off_param,
                                 precision=precision,
-                                optimizer=self.fixed.get("optimizer", "adamw"),
-                                lora=self.fixed.get("lora"),
+                                optimizer=q.optimizer or "adamw",
+                                lora=q.lora,
                                 zeropp=zeropp,
-                                # Megatron's kernels are fused; HF modules in the DeepSpeed engine run eager
-                                fused_kernels=self.fixed.get("fused_kernels", "deepspeed" not in self.scopes),
+                                fused_kernels=fused,
                             )
                             self._walk_micro(base, dp, micros)
 
@@ -218,30 +206,20 @@ class _Search:
             self.fitting.append(Candidate(layout, est, mem.total))
 
 
+def _pinned(value: bool | None, default: bool) -> bool:
+    return default if value is None else value
+
+
 def _pick(fitting: list[Candidate]) -> Candidate:
     top = max(c.tokens_per_s for c in fitting)
     ties = [c for c in fitting if c.tokens_per_s >= (1 - NEAR_TIE) * top]
     return min(ties, key=lambda c: complexity(c.layout))
 
 
-DIMENSIONS = (
-    "zero_stage",
-    "tp",
-    "pp",
-    "sp",
-    "ep",
-    "micro_batch_size",
-    "recompute",
-    "offload_optimizer",
-    "offload_param",
-    "zeropp",
-)
-
-
 def _counterfactuals(best: Candidate, search: _Search) -> list[tuple[str, Candidate]]:
     """For each dimension, the best layout that differs from the winner there (fitting, else smallest)."""
     out = []
-    for dim in DIMENSIONS:
+    for dim in SEARCHED:
         mine = getattr(best.layout, dim)
         others = [c for c in search.fitting if getattr(c.layout, dim) != mine]
         if others:
@@ -279,7 +257,7 @@ def _explain(best: Candidate, alternatives: list[tuple[str, Candidate]], search:
             f"{dim} = {getattr(alt.layout, dim)} instead: {alt.rejected_because} ({alt.layout.describe()})."
         )
     precision = best.layout.precision
-    if "precision" in search.fixed:
+    if search.query.precision is not None:
         lines.append(f"Precision {precision}: as requested.")
     else:
         lines.append(f"Precision {precision_reason(search.cluster, precision)}.")
@@ -288,25 +266,11 @@ def _explain(best: Candidate, alternatives: list[tuple[str, Candidate]], search:
     return lines
 
 
-def plan(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    fixed: dict[str, Any] | None = None,
-    *,
-    global_batch: int | None = None,
-    margin: float = DEFAULT_MARGIN,
-    scopes: tuple[str, ...] = ("layout", "deepspeed"),
-) -> Plan | None:
+def plan(model: ModelSpec, cluster: ClusterSpec, query: PlanQuery | None = None) -> Plan | None:
     """The best fitting layout with its explanation, or None when nothing fits even with offload."""
-    fixed = {k: v for k, v in (fixed or {}).items() if v is not None}
-    batch = (
-        global_batch
-        or fixed.pop("global_batch_size", None)
-        or default_global_batch(model, cluster.world_size)
-    )
-    fixed.pop("global_batch_size", None)
-    fixed.pop("gradient_accumulation_steps", None)
-    search = _Search(model, cluster, fixed, batch, margin, scopes)
+    query = query or PlanQuery()
+    batch = query.global_batch_size or default_global_batch(model, cluster.world_size)
+    search = _Search(model, cluster, query, batch)
     search.run(allow_offload=False)
     if not search.fitting:
         search.run(allow_offload=True)
@@ -335,37 +299,17 @@ def plan(
     )
 
 
-def fits_anywhere(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    fixed: dict[str, Any],
-    global_batch: int | None,
-    margin: float,
-    scopes: tuple[str, ...],
-) -> bool:
-    return plan(model, cluster, fixed, global_batch=global_batch, margin=margin, scopes=scopes) is not None
+def fits_anywhere(model: ModelSpec, cluster: ClusterSpec, query: PlanQuery) -> bool:
+    return plan(model, cluster, query) is not None
 
 
 def smallest_fitting_nodes(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    fixed: dict[str, Any],
-    global_batch: int | None,
-    margin: float,
-    scopes: tuple[str, ...],
-    limit: int = 1 << 14,
+    model: ModelSpec, cluster: ClusterSpec, query: PlanQuery, limit: int = 1 << 14
 ) -> int | None:
     """The node count n at which a layout fits while none fits on n - 1 (doubling, then bisection)."""
 
     def fits(n: int) -> bool:
-        return fits_anywhere(
-            model,
-            cluster.model_copy(update={"nodes": n, "hostnames": None}),
-            fixed,
-            global_batch,
-            margin,
-            scopes,
-        )
+        return fits_anywhere(model, cluster.model_copy(update={"nodes": n, "hostnames": None}), query)
 
     lo, hi = cluster.nodes, cluster.nodes * 2
     while not fits(hi):
@@ -378,31 +322,39 @@ def smallest_fitting_nodes(
     return hi
 
 
-def _offload_allowed(fixed: dict[str, Any]) -> bool:
-    return fixed.get("offload_optimizer", "cpu") != "none" or fixed.get("offload_param", "cpu") != "none"
+def nothing_fits_message(model: ModelSpec, cluster: ClusterSpec, query: PlanQuery) -> UserError:
+    """Why `plan` returned None: the rules, when they exclude every layout the constraints leave (more nodes
+    would not help), else the smallest cluster that would do and whether offload would."""
+    search = _Search(
+        model, cluster, query, query.global_batch_size or default_global_batch(model, cluster.world_size)
+    )
+    search.run(allow_offload=True)
+    if search.searched == 0 and search.rule_rejections:
+        from toolkit.plan.rules import RULES
 
-
-def nothing_fits_message(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    fixed: dict[str, Any],
-    global_batch: int | None,
-    margin: float,
-    scopes: tuple[str, ...],
-) -> UserError:
+        deepspeed_only = {r.name for r in RULES if r.scope == "deepspeed"}
+        reasons = "; ".join(f"{name}: {msg}" for name, msg in sorted(search.rule_rejections.items()))
+        hint = (
+            " (rules of the DeepSpeed engine with HF models; --target megatron lifts them)"
+            if set(search.rule_rejections) <= deepspeed_only and "deepspeed" in query.scopes
+            else ""
+        )
+        return UserError(
+            f"no layout of {model.name} meets the rules under these constraints{hint}: {reasons}"
+        )
     what = f"{model.name} does not fit on {cluster.nodes} × {cluster.name} ({cluster.world_size} GPUs of {cluster.gpu_memory_gib:g} GiB)"
-    nodes = smallest_fitting_nodes(model, cluster, fixed, global_batch, margin, scopes)
+    nodes = smallest_fitting_nodes(model, cluster, query)
     hints = []
     if nodes is not None:
         hints.append(
             f"the smallest cluster that fits is --nodes {nodes} ({nodes * cluster.gpus_per_node} GPUs)"
         )
-    relaxed = {k: v for k, v in fixed.items() if k not in ("offload_optimizer", "offload_param")}
-    if relaxed != fixed and fits_anywhere(model, cluster, relaxed, global_batch, margin, scopes):
+    relaxed = query.relaxed_offload()
+    if relaxed != query and fits_anywhere(model, cluster, relaxed):
         hints.append(
             "or drop the --offload-* constraints: ZeRO-Offload/Infinity makes it fit on this cluster"
         )
     if not hints:
         hints.append(f"even {1 << 14} nodes are not enough with these constraints")
-    tried = "even with offload" if _offload_allowed(fixed) else "without offload"
+    tried = "even with offload" if query.offload_allowed else "without offload"
     return UserError(f"{what} {tried}; " + "; ".join(hints))

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from toolkit.errors import UserError
+from toolkit.plan.architectures import supporting
 from toolkit.plan.layout import Layout, LayoutRequest, batch_arithmetic, data_parallel_size, default_precision
 from toolkit.plan.specs import ClusterSpec, ModelSpec
 
@@ -141,27 +142,18 @@ def _zeropp_needs_cuda(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) 
     return None
 
 
-# Architectures DeepSpeed 0.19.8's AutoTP training shards (HF tp_plan, or its name heuristic): the heuristic
-# refuses GPT-2 ("AutoTP not supported for model. Please use kernel injection since container policy for model
-# exists", module_inject/auto_tp.py) and GPT-2 has no HF tp_plan; Llama trains on 2 gloo ranks, and the
-# parser accepts BLOOM, Mistral, Mixtral and Qwen2.
-AUTOTP_ARCHITECTURES = ("llama", "mistral", "mixtral", "qwen2", "bloom")
-# Architectures dstk turns into a DeepSpeed PipelineModule (toolkit/parallel/pipeline.py).
-PIPELINE_ARCHITECTURES = ("gpt2", "llama", "mistral", "qwen2")
-
-
 def _autotp_architecture(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
-    if r.tp > 1 and m.architecture not in AUTOTP_ARCHITECTURES:
+    if r.tp > 1 and not m.family.autotp:
         return (
             f"--tp: DeepSpeed AutoTP cannot shard {m.architecture} models (supported: "
-            f"{', '.join(AUTOTP_ARCHITECTURES)}); use tp=1 with ZeRO, or Megatron-DeepSpeed (dstk config --megatron)"
+            f"{', '.join(supporting('autotp'))}); use tp=1 with ZeRO, or Megatron-DeepSpeed (dstk config --megatron)"
         )
     return None
 
 
 def _pipeline_architecture(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
-    if r.pp > 1 and m.architecture not in PIPELINE_ARCHITECTURES:
-        return f"--pp: dstk pipelines {', '.join(PIPELINE_ARCHITECTURES)} models, not {m.architecture}"
+    if r.pp > 1 and not m.family.pipeline:
+        return f"--pp: dstk pipelines {', '.join(supporting('pipeline'))} models, not {m.architecture}"
     return None
 
 
@@ -175,14 +167,14 @@ def _native_moe_zero3(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -
     """dstk turns dense GPT-2/Llama models into MoE with DeepSpeed's own MoE layer, which the engine refuses at
     stage 3 ("Native DeepSpeed MoE is not supported with ZeRO Stage 3. Use AutoEP or choose ZeRO stage 1/2.",
     runtime/engine.py); HF's Mixtral goes through AutoEP instead, which accepts stage 3."""
-    if m.is_moe and m.architecture != "mixtral" and r.zero_stage == 3:
+    if m.is_moe and not m.family.native_moe and r.zero_stage == 3:
         return f"--zero-stage: DeepSpeed MoE layers ({m.architecture} with experts) need ZeRO stage 1 or 2, not 3"
     return None
 
 
 def _autoep_zero3(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
     """AutoEP with ZeRO-3 forbids sequence parallelism, quantized gradients and hpZ (runtime/engine.py)."""
-    if m.architecture == "mixtral" and r.zero_stage == 3 and (r.sp > 1 or r.zeropp):
+    if m.is_moe and m.family.native_moe and r.zero_stage == 3 and (r.sp > 1 or r.zeropp):
         return "--zero-stage: AutoEP at ZeRO stage 3 allows neither --sp > 1 nor --zeropp"
     return None
 

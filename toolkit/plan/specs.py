@@ -14,62 +14,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from toolkit.plan.architectures import ARCHITECTURES, ArchitectureFacts
+
 Architecture = Literal["gpt2", "llama", "mistral", "mixtral", "qwen2", "bloom"]
 Accelerator = Literal["cuda", "cpu", "xpu", "hpu", "npu", "mps"]
 Precision = Literal["bf16", "fp16", "fp32"]
 
 _STRICT = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
-
-# Defaults that follow from the architecture, as HF's own config classes set them. A file with only the
-# core names (no `architecture`) is a GPT-style decoder: learned positions, LayerNorm, biases, tied embeddings.
-_ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
-    "gpt2": dict(
-        gated_mlp=False,
-        position_embedding="learned",
-        norm="layernorm",
-        attention_bias=True,
-        mlp_bias=True,
-        tied_embeddings=True,
-        embedding_norm=False,
-        dropout=True,
-        activation="gelu_new",
-    ),
-    "bloom": dict(
-        gated_mlp=False,
-        position_embedding="alibi",
-        norm="layernorm",
-        attention_bias=True,
-        mlp_bias=True,
-        tied_embeddings=True,
-        embedding_norm=True,
-        dropout=False,
-        activation="gelu",
-    ),
-    "llama": dict(
-        gated_mlp=True,
-        position_embedding="rope",
-        norm="rmsnorm",
-        attention_bias=False,
-        mlp_bias=False,
-        tied_embeddings=False,
-        embedding_norm=False,
-        dropout=False,
-        activation="silu",
-    ),
-    "qwen2": dict(
-        gated_mlp=True,
-        position_embedding="rope",
-        norm="rmsnorm",
-        attention_bias=True,
-        attention_out_bias=False,
-        mlp_bias=False,
-        tied_embeddings=False,
-        embedding_norm=False,
-        dropout=False,
-        activation="silu",
-    ),
-}
-_ARCH_DEFAULTS["mistral"] = _ARCH_DEFAULTS["mixtral"] = _ARCH_DEFAULTS["llama"]
 
 
 def llama_ffn_hidden_size(hidden_size: int, multiple_of: int = 256) -> int:
@@ -150,8 +101,9 @@ class ModelSpec(BaseModel):
         if not isinstance(data, dict):
             return data
         data = {k: v for k, v in data.items() if v is not None}
-        arch = data.get("architecture", "gpt2")
-        for key, value in _ARCH_DEFAULTS.get(arch, _ARCH_DEFAULTS["gpt2"]).items():
+        # an unknown family falls back to GPT-2's defaults here; the Literal field then names the valid ones
+        arch = ARCHITECTURES.get(str(data.get("architecture", "gpt2")), ARCHITECTURES["gpt2"])
+        for key, value in arch.defaults.items():
             data.setdefault(key, value)
         data.setdefault("attention_out_bias", data.get("attention_bias"))
         heads, hidden = data.get("n_heads"), data.get("hidden_size")
@@ -193,6 +145,11 @@ class ModelSpec(BaseModel):
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def family(self) -> ArchitectureFacts:
+        """What dstk knows about this model's architecture family (toolkit/plan/architectures.py)."""
+        return ARCHITECTURES[self.architecture]
 
     @property
     def n_moe_layers(self) -> int:

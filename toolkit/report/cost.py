@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.errors import UserError
+from toolkit.plan.query import PlanQuery
 
 DEFAULT_PUE = 1.1
 """Power usage effectiveness (facility energy / IT energy). 1.10 is what Patterson et al. 2021, "Carbon
@@ -206,26 +207,23 @@ def default_node_counts(nodes: int) -> list[int]:
 def scaling_rows(
     model: Any,
     cluster: Any,
-    fixed: dict[str, Any],
+    query: PlanQuery,
     *,
-    global_batch: int,
-    margin: float,
-    scopes: tuple[str, ...],
     node_counts: list[int],
 ) -> list[ScalingRow]:
-    """Re-plan at each node count with the same constraints and global batch (strong scaling)."""
+    """Re-plan at each node count with the same query, global batch included (strong scaling)."""
     from toolkit.plan.planner import plan
 
     raw = []
     for n in node_counts:
         sized = cluster.model_copy(update={"nodes": n, "hostnames": None})
-        result = plan(model, sized, dict(fixed), global_batch=global_batch, margin=margin, scopes=scopes)
+        result = plan(model, sized, query)
         raw.append((n, sized.world_size, result))
     base = next(((n, r.best.estimate.tokens_per_s) for n, _, r in raw if r is not None), None)
     rows = []
     for n, gpus, result in raw:
         if result is None or base is None:
-            why = f"no layout fits with global batch {global_batch}"
+            why = f"no layout fits with global batch {query.global_batch_size}"
             rows.append(ScalingRow(n, gpus, None, None, None, None, why))
             continue
         est = result.best.estimate

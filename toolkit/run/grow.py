@@ -33,16 +33,14 @@ from typing import Any
 
 from toolkit.errors import UserError
 from toolkit.plan.grow import (
-    _LLAMA_ZERO_OUT,
-    _ZERO_OUT,
     RECORD,
     DepthMethod,
     Growth,
     NewBlocks,
-    block_prefix,
     plan_growth,
 )
 from toolkit.plan.specs import ModelSpec
+from toolkit.run.models import hf_config
 
 
 def _checkpoint_state(ckpt_dir: Path, tag: str | None) -> tuple[dict[str, Any], str]:
@@ -78,19 +76,19 @@ def infer_parent(target: ModelSpec, state: dict[str, Any]) -> ModelSpec:
     norms…) from `target` — exactly what growth keeps; `--from-model` overrides it."""
     from toolkit.plan.load import build
 
-    prefix = block_prefix(target.architecture)
+    prefix = target.family.block_prefix
     indices = {int(m.group(1)) for k in state if (m := re.match(re.escape(prefix) + r"(\d+)\.", k))}
     if not indices:
         raise UserError(f"--from: no {prefix}N.* weights; is it a {target.architecture} model?")
     data = target.model_dump()
     data.update(name=f"{target.name}-parent", n_layers=max(indices) + 1)
     try:
-        if target.architecture == "gpt2":
+        if target.family.naming == "gpt2":
             data["vocab_size"], data["hidden_size"] = state["transformer.wte.weight"].shape
             data["max_position_embeddings"] = state["transformer.wpe.weight"].shape[0]
             data["ffn_hidden_size"] = state[f"{prefix}0.mlp.c_fc.weight"].shape[1]
             data["n_heads"] = data["n_kv_heads"] = data["hidden_size"] // target.head_dim
-        elif target.architecture == "bloom":
+        elif target.family.naming == "bloom":
             data["vocab_size"], data["hidden_size"] = state["transformer.word_embeddings.weight"].shape
         else:
             data["vocab_size"], data["hidden_size"] = state["model.embed_tokens.weight"].shape
@@ -104,16 +102,6 @@ def infer_parent(target: ModelSpec, state: dict[str, Any]) -> ModelSpec:
     data["seq_length"] = min(target.seq_length, data.get("max_position_embeddings") or target.seq_length)
     data["moe_ffn_hidden_size"] = data.get("ffn_hidden_size")
     return build(ModelSpec, data, "--from (inferred)")
-
-
-def _hf_config(spec: ModelSpec) -> Any:
-    """toolkit.run.models.hf_config, with eager attention for BLOOM (transformers has no SDPA path for it)."""
-    from toolkit.run.models import hf_config
-
-    config = hf_config(spec)
-    if spec.architecture == "bloom":
-        config._attn_implementation = "eager"
-    return config
 
 
 def pretrained_spec(source: Path, target: ModelSpec, from_model: ModelSpec | None) -> ModelSpec | None:
@@ -145,7 +133,7 @@ def checkpoint_parent(
 
     state, tag = _checkpoint_state(source, tag)
     spec = from_model or infer_parent(target, state)
-    model = AutoModelForCausalLM.from_config(_hf_config(spec), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(hf_config(spec), dtype=torch.float32)
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)
     except RuntimeError as exc:  # shape mismatch
@@ -240,7 +228,9 @@ def widen(state: dict[str, Any], g: Growth, noise: float, seed: int) -> dict[str
 
     if all(v == 1 for v in g.factors.values()):
         return state
-    rules = _WIDTH_RULES["gpt2" if g.parent.architecture == "gpt2" else "llama"]
+    rules = _WIDTH_RULES.get(g.parent.family.naming)
+    if rules is None:  # plan_growth refuses to widen ALiBi models, the one naming without rules
+        raise RuntimeError(f"width growth: no weight rules for {g.parent.architecture}")
     maps, gen = _unit_maps(g), torch.Generator().manual_seed(seed)
     out = {}
     for name, tensor in state.items():
@@ -258,7 +248,7 @@ def widen(state: dict[str, Any], g: Growth, noise: float, seed: int) -> dict[str
 
 def deepen(state: dict[str, Any], g: Growth) -> dict[str, Any]:
     """Target blocks as copies of parent blocks (`g.blocks`); new blocks' output projections zeroed if asked."""
-    prefix = block_prefix(g.parent.architecture)
+    prefix = g.parent.family.block_prefix
     pattern = re.compile(re.escape(prefix) + r"(\d+)\.(.*)")
     per_block: dict[int, dict[str, Any]] = {}
     out = {}
@@ -268,7 +258,7 @@ def deepen(state: dict[str, Any], g: Growth) -> dict[str, Any]:
             per_block.setdefault(int(m.group(1)), {})[m.group(2)] = tensor
         else:
             out[name] = tensor
-    zero = _ZERO_OUT.get(g.parent.architecture, _LLAMA_ZERO_OUT)
+    zero = g.parent.family.residual_outputs
     for j, (src, new) in enumerate(g.blocks):
         for rest, tensor in per_block[src].items():
             copy = tensor.clone()
@@ -386,9 +376,8 @@ def grow(
     from transformers import AutoModelForCausalLM
 
     if g is not None:
-        attention = "eager" if g.parent.architecture == "bloom" else "sdpa"
         parent_model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=torch.float32, attn_implementation=attention
+            source, dtype=torch.float32, attn_implementation=g.parent.family.attention_implementation
         )
         where = str(source)
     else:
@@ -396,7 +385,7 @@ def grow(
         g = plan_growth(parent_spec, target, depth_method, new_blocks)
     state = {k: v.detach().float() for k, v in parent_model.state_dict().items()}
     state = deepen(widen(state, g, width_noise, seed), g)
-    grown = AutoModelForCausalLM.from_config(_hf_config(target), dtype=torch.float32)
+    grown = AutoModelForCausalLM.from_config(hf_config(target), dtype=torch.float32)
     missing, unexpected = grown.load_state_dict(state, strict=False)
     missing = {k for k in missing if not ("lm_head" in k and target.tied_embeddings)}
     if missing or unexpected:

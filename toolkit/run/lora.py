@@ -23,7 +23,7 @@ def apply_lora(model: Any, model_spec: ModelSpec, spec: LoraSpec) -> Any:
         lora_dropout=spec.dropout,
         target_modules=list(targets(model_spec, spec)),
         # GPT-2's Conv1D stores weights as (in, out)
-        fan_in_fan_out=model_spec.architecture == "gpt2",
+        fan_in_fan_out=model_spec.family.conv1d,
         task_type="CAUSAL_LM",
     )
     peft_model = get_peft_model(model, config)

@@ -18,18 +18,12 @@ from toolkit.plan.hf_config import to_hf_config
 from toolkit.plan.specs import ModelSpec
 
 
-def attention_implementation(architecture: str) -> str:
-    """SDPA (fused attention) wherever transformers has it; BLOOM has none in transformers 5.24 ("does not
-    support an attention implementation through torch.nn.functional.scaled_dot_product_attention yet")."""
-    return "eager" if architecture == "bloom" else "sdpa"
-
-
 def hf_config(spec: ModelSpec) -> Any:
     """The transformers config object for `spec` (attention through SDPA where the family has it)."""
     from transformers import AutoConfig
 
     config = AutoConfig.for_model(**to_hf_config(spec))
-    config._attn_implementation = attention_implementation(spec.architecture)
+    config._attn_implementation = spec.family.attention_implementation
     return config
 
 
@@ -89,7 +83,7 @@ def build_model(spec: ModelSpec, ds_config: dict[str, Any], init_from: Path | No
             )
         check_init_from(spec, Path(init_from))
         model = AutoModelForCausalLM.from_pretrained(
-            init_from, dtype=dtype, attn_implementation=attention_implementation(spec.architecture)
+            init_from, dtype=dtype, attn_implementation=spec.family.attention_implementation
         )
     else:
         model = AutoModelForCausalLM.from_config(hf_config(spec), dtype=dtype)

@@ -70,7 +70,7 @@ def _moe(model: Any, spec: ModelSpec, layout: Any) -> tuple[Any, Any]:
     expert parameter groups; Mixtral keeps its own block and adds its router loss to the HF loss itself."""
     if not spec.is_moe:
         return None, model.parameters()
-    if spec.architecture == "mixtral":
+    if spec.family.native_moe:
         model.config.output_router_logits = True
         return None, model.parameters()
     from toolkit.parallel.moe import convert_to_moe, optimizer_groups
@@ -155,7 +155,7 @@ def main(run: TrainRun) -> dict[str, Any]:
 
     import deepspeed
 
-    from toolkit.integrations.dstk_block import layout_from_config
+    from toolkit.integrations.ds_layout import layout_from_config
     from toolkit.run.checkpoint import Checkpointer
     from toolkit.run.loop import Trainer
     from toolkit.run.metrics import Logger

@@ -118,7 +118,7 @@ def _micro_comm_s(model: ModelSpec, cluster: ClusterSpec, layout: Layout, load: 
 
 def _gather_calls(model: ModelSpec, load: StageLoad, params: float, knobs: ZeroKnobs) -> float:
     """ZeRO-3 all-gathers per pass: one per module that owns parameters, coalesced up to the prefetch bucket."""
-    per_block = (4 if model.architecture in ("gpt2", "bloom") else 7) + (2 if load.n_moe_blocks else 0)
+    per_block = model.family.linears_per_block + (2 if load.n_moe_blocks else 0)
     return max(load.n_blocks * per_block, params / max(knobs.stage3_prefetch_bucket_size, 1))
 
 

@@ -1,0 +1,175 @@
+"""What dstk knows about each HF architecture family, in one table that every module reads.
+
+A new family is one entry here (plus its `to_hf_config` kwargs in `hf_config.py` and, for growth, its weight
+rules in `run/grow.py`); the planner's rules, the cost model, the config generators and the run path ask this
+table instead of testing `architecture == "..."` themselves.
+
+Sources, per field:
+- `defaults`: the HF config classes' own defaults (GPT2Config, BloomConfig, LlamaConfig, Qwen2Config in
+  transformers 5.x); a file with only the core shape names and no `architecture` is a GPT-2-style decoder.
+- `autotp`: DeepSpeed 0.19.8's AutoTP training shards a model through HF's `tp_plan` or its name heuristic. The
+  heuristic refuses GPT-2 ("AutoTP not supported for model. Please use kernel injection since container policy
+  for model exists", module_inject/auto_tp.py) and GPT-2 has no HF tp_plan; Llama trains on 2 gloo ranks, and
+  the parser accepts BLOOM, Mistral, Mixtral and Qwen2.
+- `pipeline`: the families `toolkit/parallel/pipeline.py` can cut into a DeepSpeed PipelineModule.
+- `sdpa`: transformers 5.24 has no SDPA path for BLOOM ("does not support an attention implementation through
+  torch.nn.functional.scaled_dot_product_attention yet"); it runs eager attention.
+- `native_moe`: Mixtral's experts live in the HF model (fused `gate_up_proj` E × 2f × h in transformers 5), are
+  sharded by DeepSpeed's AutoEP and accept ZeRO-3; other families become MoE through DeepSpeed's own MoE layer,
+  one module per expert, which the engine refuses at stage 3.
+- `lora_targets`: peft's default target modules for the family (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING).
+
+Standard library only: `dstk plan` imports this.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Literal
+
+
+@dataclass(frozen=True)
+class ArchitectureFacts:
+    """One HF architecture family, as far as planning, config generation and the run path care."""
+
+    name: str
+    hf_prefix: str
+    """Class-name prefix in transformers (`{prefix}DecoderLayer`, `{prefix}RotaryEmbedding`)."""
+    defaults: Mapping[str, Any]
+    """ModelSpec field defaults that follow from the family, as its HF config class sets them."""
+    block_prefix: str
+    """State-dict prefix of the decoder blocks (`{block_prefix}N.`)."""
+    fused_qkv: bool
+    """q, k and v are one linear map (GPT-2's `c_attn`, BLOOM's `query_key_value`): fewer, larger modules."""
+    residual_outputs: tuple[str, str]
+    """The attention and MLP output projections, whose zeroing makes a new block an identity (growth)."""
+    lora_targets: tuple[str, ...]
+    autotp: bool
+    pipeline: bool
+    sdpa: bool
+    native_moe: bool
+    naming: Literal["gpt2", "bloom", "llama"]
+    """Module-naming scheme of a block (GPT-2's `c_attn`/`c_fc`, BLOOM's `query_key_value`, Llama's `q_proj`):
+    what state-dict surgery, LoRA shapes and pipeline stages are written against."""
+    conv1d: bool = False
+    """Linear weights stored (in, out) as transformers' Conv1D (GPT-2); peft needs `fan_in_fan_out`."""
+
+    @property
+    def attention_implementation(self) -> str:
+        """What the run path asks transformers for: fused SDPA wherever the family has it."""
+        return "sdpa" if self.sdpa else "eager"
+
+    @property
+    def linears_per_block(self) -> int:
+        """Linear modules in one dense block, each a separate ZeRO-3 gather: qkv, out and two MLP maps with a
+        fused qkv; q, k, v, o and gate/up/down otherwise."""
+        return 4 if self.fused_qkv else 7
+
+
+_LLAMA_DEFAULTS = MappingProxyType(
+    dict(
+        gated_mlp=True,
+        position_embedding="rope",
+        norm="rmsnorm",
+        attention_bias=False,
+        mlp_bias=False,
+        tied_embeddings=False,
+        embedding_norm=False,
+        dropout=False,
+        activation="silu",
+    )
+)
+
+
+def _llama_like(
+    name: str, hf_prefix: str, *, native_moe: bool = False, **overrides: Any
+) -> ArchitectureFacts:
+    return ArchitectureFacts(
+        name=name,
+        hf_prefix=hf_prefix,
+        defaults=MappingProxyType({**_LLAMA_DEFAULTS, **overrides}),
+        block_prefix="model.layers.",
+        fused_qkv=False,
+        residual_outputs=("self_attn.o_proj.", "mlp.down_proj."),
+        lora_targets=("q_proj", "v_proj"),
+        autotp=True,
+        pipeline=not native_moe,
+        sdpa=True,
+        native_moe=native_moe,
+        naming="llama",
+    )
+
+
+ARCHITECTURES: Mapping[str, ArchitectureFacts] = MappingProxyType(
+    {
+        "gpt2": ArchitectureFacts(
+            name="gpt2",
+            hf_prefix="GPT2",
+            defaults=MappingProxyType(
+                dict(
+                    gated_mlp=False,
+                    position_embedding="learned",
+                    norm="layernorm",
+                    attention_bias=True,
+                    mlp_bias=True,
+                    tied_embeddings=True,
+                    embedding_norm=False,
+                    dropout=True,
+                    activation="gelu_new",
+                )
+            ),
+            block_prefix="transformer.h.",
+            fused_qkv=True,
+            residual_outputs=("attn.c_proj.", "mlp.c_proj."),
+            lora_targets=("c_attn",),
+            autotp=False,
+            pipeline=True,
+            sdpa=True,
+            native_moe=False,
+            conv1d=True,
+            naming="gpt2",
+        ),
+        "bloom": ArchitectureFacts(
+            name="bloom",
+            hf_prefix="Bloom",
+            defaults=MappingProxyType(
+                dict(
+                    gated_mlp=False,
+                    position_embedding="alibi",
+                    norm="layernorm",
+                    attention_bias=True,
+                    mlp_bias=True,
+                    tied_embeddings=True,
+                    embedding_norm=True,
+                    dropout=False,
+                    activation="gelu",
+                )
+            ),
+            block_prefix="transformer.h.",
+            fused_qkv=True,
+            residual_outputs=("self_attention.dense.", "mlp.dense_4h_to_h."),
+            lora_targets=("query_key_value",),
+            autotp=True,
+            pipeline=False,
+            sdpa=False,
+            native_moe=False,
+            naming="bloom",
+        ),
+        "llama": _llama_like("llama", "Llama"),
+        "mistral": _llama_like("mistral", "Mistral"),
+        "mixtral": _llama_like("mixtral", "Mixtral", native_moe=True),
+        "qwen2": _llama_like("qwen2", "Qwen2", attention_bias=True, attention_out_bias=False),
+    }
+)
+
+
+def facts(architecture: str) -> ArchitectureFacts:
+    """The table entry for `architecture` (ModelSpec's Literal type has already refused any other name)."""
+    return ARCHITECTURES[architecture]
+
+
+def supporting(flag: str) -> tuple[str, ...]:
+    """The families whose boolean fact `flag` is true, in table order (for error messages)."""
+    return tuple(name for name, f in ARCHITECTURES.items() if getattr(f, flag))

@@ -1,0 +1,92 @@
+"""What the planner is asked: the dimensions the user pinned, the batch, the memory margin, the rule scopes.
+
+A field left at None is searched; a field with a value is pinned, and the planner considers only layouts with
+that value. Typed (instead of a dict of whatever flags were set) so that a misspelt dimension is an error where
+the query is made, not a constraint the search silently ignores, and so that `dstk plan`, `dstk config --plan`,
+`dstk grow`'s re-plan and the scaling table all ask the planner the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from toolkit.plan.layout import LayoutRequest, OffloadDevice, Optimizer, Recompute
+from toolkit.plan.specs import Precision
+
+DEFAULT_MARGIN = 0.10
+"""Fraction of accelerator memory kept free for allocator fragmentation and transient peaks."""
+DEFAULT_SCOPES = ("layout", "deepspeed")
+"""Rule scopes of a plan for the DeepSpeed engine; ("layout",) plans for Megatron-DeepSpeed."""
+
+SEARCHED = (
+    "zero_stage",
+    "tp",
+    "pp",
+    "sp",
+    "ep",
+    "micro_batch_size",
+    "recompute",
+    "offload_optimizer",
+    "offload_param",
+    "zeropp",
+)
+"""The dimensions the planner searches (and explains its choice along), in the order it reports them."""
+
+
+class PlanQuery(BaseModel):
+    """One question to the planner. Every layout dimension is optional: None means "search it"."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    zero_stage: Literal[0, 1, 2, 3] | None = None
+    tp: int | None = Field(default=None, gt=0)
+    pp: int | None = Field(default=None, gt=0)
+    sp: int | None = Field(default=None, gt=0)
+    ep: int | None = Field(default=None, gt=0)
+    micro_batch_size: int | None = Field(default=None, gt=0)
+    recompute: Recompute | None = None
+    offload_optimizer: OffloadDevice | None = None
+    offload_param: OffloadDevice | None = None
+    zeropp: bool | None = None
+    precision: Precision | None = None
+    """None: the cluster's fastest precision (`default_precision`)."""
+    optimizer: Optimizer | None = None
+    lora: str | None = None
+    fused_kernels: bool | None = None
+    """None: fused for Megatron-DeepSpeed plans, eager HF modules for the DeepSpeed engine."""
+    tp_sequence_parallel: bool | None = None
+    tp_vocab_parallel: bool | None = None
+    global_batch_size: int | None = Field(default=None, gt=0)
+    """None: GPT-3's batch for the model size (`default_global_batch`)."""
+    margin: float = Field(default=DEFAULT_MARGIN, ge=0, lt=1)
+    scopes: tuple[str, ...] = DEFAULT_SCOPES
+
+    @classmethod
+    def pinning(cls, request: LayoutRequest, **search: Any) -> PlanQuery:
+        """The flags set on `request` (its `model_fields_set`) pinned; everything else searched.
+
+        `gradient_accumulation_steps` is not a dimension of the search: the planner derives it from the
+        global batch, the micro-batch and the data-parallel degree of each layout it tries."""
+        pins = request.model_dump(exclude_unset=True)
+        pins.pop("gradient_accumulation_steps", None)
+        return cls(**{k: v for k, v in pins.items() if v is not None}, **search)
+
+    def pins(self) -> dict[str, Any]:
+        """The pinned layout dimensions by field name (what a re-run of the same query must pass as flags)."""
+        search = {"global_batch_size", "margin", "scopes"}
+        return {k: v for k, v in self.model_dump().items() if v is not None and k not in search}
+
+    def options(self, name: str, values: list[Any]) -> list[Any]:
+        """`values` for a searched dimension; the one pinned value otherwise."""
+        value = getattr(self, name)
+        return list(values) if value is None else [value]
+
+    def relaxed_offload(self) -> PlanQuery:
+        """This query with the offload dimensions searched again (for "drop the --offload-* flags" hints)."""
+        return self.model_copy(update={"offload_optimizer": None, "offload_param": None})
+
+    @property
+    def offload_allowed(self) -> bool:
+        return self.offload_optimizer != "none" or self.offload_param != "none"
