@@ -50,8 +50,23 @@ def launch(
     launch_args: list[str] | None = None,
 ) -> Job:
     """`dstk launch --cluster cpu` with `ranks` ranks, running dstk train with `train_args`."""
+    cmd = launch_command(run_dir, config, train_args, ranks, launch_args)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=os.environ.copy()
+    )
+    return Job(proc.returncode, proc.stdout + proc.stderr, run_dir)
+
+
+def launch_command(
+    run_dir: Path,
+    config: Path,
+    train_args: list[str],
+    ranks: int = 2,
+    launch_args: list[str] | None = None,
+) -> list[str]:
+    """The argv of `launch` (for tests that start the job themselves, e.g. to signal it)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    cmd = dstk_cmd(
+    return dstk_cmd(
         "launch",
         "--cluster",
         "cpu",
@@ -70,10 +85,6 @@ def launch(
         "--no-progress",
         *train_args,
     )
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=os.environ.copy()
-    )
-    return Job(proc.returncode, proc.stdout + proc.stderr, run_dir)
 
 
 def run_script(
@@ -98,7 +109,7 @@ def run_script(
             cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=os.environ.copy()
         )
     finally:
-        from toolkit.commands.launch import remove_shm_buffers
+        from toolkit.launcher.job import remove_shm_buffers
 
         remove_shm_buffers(port)  # DeepSpeed's CPU shm op never unlinks its 66 MB per-rank buffers
 

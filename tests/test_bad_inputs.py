@@ -13,6 +13,24 @@ from tests.cli import REPO, dstk
 BAD = REPO / "tests" / "bad"
 TINY = str(REPO / "tests" / "models" / "tiny-test-gpt2.yaml")
 
+
+def _resume_launch(steps: str, resume: str) -> list[str]:
+    """`dstk launch --dry-run` of a 2-rank job resuming tests/bad/ckpt (written by 1 rank at step 10)."""
+    job = ["launch", "--cluster", "cpu", "--config", f"{BAD}/micro1.json", "--run-dir", "{out}", "--dry-run"]
+    return [
+        *job,
+        "--",
+        "--model",
+        TINY,
+        "--steps",
+        steps,
+        "--checkpoint-dir",
+        f"{BAD}/ckpt",
+        "--resume",
+        resume,
+    ]
+
+
 # (id, argv with {out} for an output path that must not exist afterwards, pattern the one line must match)
 CASES: list[tuple[str, list[str], str]] = [
     # model descriptions
@@ -310,6 +328,44 @@ CASES: list[tuple[str, list[str], str]] = [
             "--dry-run",
         ],
         r"--config: train_batch_size: 30 is not a positive multiple",
+    ),
+    (
+        "launch-resume-from-another-world",
+        _resume_launch("20", "auto"),
+        r"--resume: .*step00000010 was written by 1 ranks and this job has 2; convert it first: dstk checkpoint",
+    ),
+    (
+        "launch-resume-with-nothing-to-do",
+        _resume_launch("10", "auto"),
+        r"--steps: the checkpoint .*step00000010 is at step 10 already, so --steps 10 leaves nothing to train",
+    ),
+    (
+        "launch-resume-missing-tag",
+        _resume_launch("20", "step99"),
+        r"--resume: .*step99 is not a complete checkpoint \(no such checkpoint\); complete ones: step00000010",
+    ),
+    (
+        "abbreviated-flag",
+        ["estimate", "--model", "gpt2", "--cluster", "cpu", "--gpus", "16"],
+        r"unrecognized arguments: --gpus 16",
+    ),
+    (
+        "data-empty-validation-split",
+        [
+            "data",
+            "prepare",
+            "--input",
+            f"{BAD}/tiny_corpus.jsonl",
+            "--out",
+            "{out}",
+            "--train-tokenizer",
+            "300",
+            "--seq-length",
+            "64",
+            "--min-words",
+            "1",
+        ],
+        r"--validation-fraction: 0.02 of 2 documents leaves no validation row of 64 tokens",
     ),
     (
         "plan-excluded-by-rules",

@@ -315,7 +315,7 @@ def test_bad_inputs_are_counted_and_domains_come_from_fields_or_file_stems(tmp_p
     )
     (raw / "empty.jsonl").write_bytes(b"")
     (raw / "notes.txt").write_text(prose(rng, 20) + "\n\n" + prose(rng, 20) + "\n")
-    manifest = prepare([raw], tmp_path / "out", 32, vocab_size=300)
+    manifest = prepare([raw], tmp_path / "out", 32, vocab_size=300, validation_fraction=0)
     assert manifest["bad_input"] == {
         "empty_files": 1,
         "malformed_json_lines": 2,
@@ -355,7 +355,7 @@ def test_cli_flags_reach_the_pipeline(tmp_path) -> None:
     result = dstk(
         "data", "prepare", "--input", str(path), "--out", str(tmp_path / "out"), "--train-tokenizer", "300",
         "--dedup", "exact", "--languages", "en", "--boilerplate", str(rules), "--min-words", "10",
-        "--max-shard-mb", "1", "--tokenizer-sample-mb", "0.001",
+        "--max-shard-mb", "1", "--tokenizer-sample-mb", "0.001", "--validation-fraction", "0",
     )  # fmt: skip
     assert result.code == 0, result.err
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())

@@ -126,7 +126,7 @@ def test_stale_jit_build_locks_are_reported_not_fresh_ones(tmp_path) -> None:
     import os
     import time
 
-    from toolkit.commands.launch import stale_build_locks
+    from toolkit.launcher.job import stale_build_locks
 
     old = tmp_path / "cpu_adam" / "lock"
     fresh = tmp_path / "py311_cpu" / "shm_comm" / "lock"

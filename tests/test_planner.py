@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 
 import pytest
 
@@ -285,3 +286,22 @@ def test_a_plan_query_is_typed_and_pins_only_what_was_set() -> None:
     assert query.options("zero_stage", [0, 1, 2, 3]) == [2] and query.options("tp", [1, 2]) == [1, 2]
     best = plan(load_model("llama-7b"), load_cluster("dgx-a100-80g"), query)
     assert best is not None and best.best.layout.zero_stage == 2 and best.best.layout.global_batch_size == 64
+
+
+@pytest.mark.parametrize(
+    "job",
+    [
+        ["--model", "llama-7b", "--seq-length", "8192", "--cluster", "dgx-a100-80g", "--gpus-per-node", "4"],
+        ["--params", "175e9", "--cluster", "dgx-a100-80g", "--nodes", "64", "--inter-node-gb-per-s", "12.5"],
+        ["--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--nodes", "2", "--gpu-memory-gib", "60"],
+    ],
+)
+def test_the_printed_reproduce_command_reproduces_the_plan(job: list[str]) -> None:
+    plan_json = json.loads(dstk("plan", *job, "--json").out)
+    command = plan_json["estimate_command"]
+    assert command[:2] == ["dstk", "estimate"]
+    again = dstk(*command[1:], "--json")
+    assert again.code == 0, again.err
+    assert json.loads(again.out) == plan_json["estimate"]
+    text = dstk("plan", *job).out
+    assert f"Reproduce: {shlex.join(command)}" in text

@@ -229,3 +229,24 @@ def test_a_megatron_template_validates_at_its_real_data_parallel_size() -> None:
     assert "train_batch_size: 256 is not a positive multiple of train_micro_batch_size_per_gpu(2) × 256" in (
         as_data_parallel.out
     )
+
+
+def test_train_config_follows_deepspeeds_batch_semantics() -> None:
+    """`dstk train --config` reads a hand-written config the way the engine will: a train_batch_size without
+    accumulation derives it (it was ignored: global 64 where DeepSpeed trains 256), a train_batch_size alone is
+    enough, and AutoTP peers are counted in train_batch_size as DeepSpeed counts them."""
+    from toolkit.integrations.ds_layout import layout_from_config
+
+    lay = layout_from_config({"train_batch_size": 256, "train_micro_batch_size_per_gpu": 8}, 4)
+    assert (lay.global_batch_size, lay.micro_batch_size, lay.gradient_accumulation_steps, lay.dp) == (
+        256,
+        8,
+        8,
+        4,
+    )
+    lay = layout_from_config({"train_batch_size": 64}, 4)
+    assert (lay.global_batch_size, lay.micro_batch_size, lay.gradient_accumulation_steps) == (64, 16, 1)
+    lay = layout_from_config({"train_batch_size": 32, "tensor_parallel": {"autotp_size": 2}}, 4)
+    assert (lay.tp, lay.dp, lay.global_batch_size, lay.micro_batch_size) == (2, 2, 16, 8)
+    with pytest.raises(UserError, match="--config: train_batch_size: 30 is not a positive multiple"):
+        layout_from_config({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4}, 2)

@@ -39,7 +39,13 @@ VERBS: dict[str, tuple[str, str]] = {
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a usage error in one line and exits 2 (instead of usage + message)."""
+    """argparse that reports a usage error in one line and exits 2 (instead of usage + message), and takes no
+    abbreviated flags: `--gpus 16` would silently become `--gpus-per-node 16`, and an abbreviation that is
+    unique today becomes ambiguous (or means something else) when a flag is added."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
@@ -145,6 +151,24 @@ def cluster_from_args(args: argparse.Namespace) -> Any:
     cluster = load_cluster(args.cluster, {name: getattr(args, name, None) for name in CLUSTER_OVERRIDES})
     note_local_cluster(args.cluster)
     return cluster
+
+
+def job_flags(args: argparse.Namespace) -> list[str]:
+    """The model and cluster flags as given (`--params` as `--params`, `--seq-length`, every cluster override):
+    what a printed "reproduce" command must carry besides the layout to give the same numbers."""
+    out = (
+        ["--params", repr(args.params)]
+        if getattr(args, "params", None) is not None
+        else ["--model", args.model]
+    )
+    if getattr(args, "seq_length", None) is not None:
+        out += ["--seq-length", str(args.seq_length)]
+    out += ["--cluster", str(args.cluster)]
+    for name in CLUSTER_OVERRIDES:
+        value = getattr(args, name, None)
+        if value is not None:
+            out += [f"--{name.replace('_', '-')}", repr(value) if isinstance(value, float) else str(value)]
+    return out
 
 
 def note_local_cluster(ref: str | None) -> None:

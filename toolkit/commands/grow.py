@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from toolkit.commands import add_cluster_args, add_layout_args
 
@@ -136,6 +137,7 @@ def _grow(args: argparse.Namespace) -> int:
         tokenizer=args.tokenizer,
     )
     g, c = result.growth, result.check
+    query = _at_the_trained_batch(query, Path(result.source))
     p, t = g.parent, g.target
     print(
         f"grew {result.source}: {p.n_layers} layers × h={p.hidden_size} → {t.n_layers} layers × h={t.hidden_size}"
@@ -157,3 +159,17 @@ def _grow(args: argparse.Namespace) -> int:
     for line in replan(p, t, cluster, query, grown_ref=args.to, cluster_ref=cluster_ref):
         print(line)
     return 0
+
+
+def _at_the_trained_batch(query: Any, source: Path) -> Any:
+    """Re-plan at the global batch the parent trained with (its checkpoint manifest records it) unless
+    --global-batch says otherwise: a progressive run keeps its batch, the size table's default would not."""
+    import json
+
+    from toolkit.run.checkpoint import MANIFEST
+
+    manifest = source / MANIFEST
+    if query.global_batch_size is not None or not manifest.is_file():
+        return query
+    trained = (json.loads(manifest.read_text()).get("layout") or {}).get("global_batch_size")
+    return query.model_copy(update={"global_batch_size": trained}) if trained else query

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,7 +30,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="where the hostfile, the resolved cluster and the launch log go",
     )
-    parser.add_argument("--master-port", type=int, default=29500, metavar="P", help="rendezvous port")
+    parser.add_argument(
+        "--master-port",
+        type=int,
+        default=None,
+        metavar="P",
+        help="rendezvous port (default 29500; on one node a free one when 29500 is taken)",
+    )
     parser.add_argument("--include", metavar="NODES", help="deepspeed --include resource list")
     parser.add_argument("--exclude", metavar="NODES", help="deepspeed --exclude resource list")
     parser.add_argument(
@@ -68,14 +74,66 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _check_config(path: Path, cluster: Any) -> None:
-    """DeepSpeed's verdict on the config for the world about to start, before any rank does: a bad batch or a
-    removed feature fails here in seconds with one line, not on every rank after the JIT builds."""
+DEFAULT_PORT = 29500
+
+
+def _rendezvous_port(asked: int | None, probe: bool) -> int:
+    """The port the job rendezvous on. A busy one fails only after every rank started (~30 s, an "address
+    already in use" traceback per rank); on one node dstk can see that first: a port the user named is refused
+    in one line, the default is replaced by a free one (said on stderr)."""
+    import socket
+
+    port = asked or DEFAULT_PORT
+    if not probe:
+        return port
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+            return port
+        except OSError:
+            pass
+    if asked is not None:
+        from toolkit.errors import UserError
+
+        raise UserError(
+            f"--master-port: {port} is in use on this host (another job?); pick another, or omit it"
+        )
+    with socket.socket() as s:
+        s.bind(("", 0))
+        free = s.getsockname()[1]
+    print(f"dstk launch: port {port} is in use; the job rendezvous on {free}", file=sys.stderr)
+    return free
+
+
+def _check_config(path: Path, cluster: Any, train_args: list[str]) -> None:
+    """DeepSpeed's verdict on the config for the world about to start, and what resuming will meet, before any
+    rank does: a bad batch, a config planned for another world size, a checkpoint of another stage or model
+    fail here in seconds with one line, not on every rank after start-up and the JIT builds."""
+    from toolkit.cli import build_parser
+    from toolkit.commands import model_from_args
     from toolkit.errors import UserError
     from toolkit.integrations.ds_input import read_ds_config
+    from toolkit.integrations.ds_layout import request_from_config
     from toolkit.integrations.validate import validate_config
+    from toolkit.run.preflight import check_resume
 
-    verdict = validate_config(read_ds_config(path), cluster.world_size, cluster.accelerator)
+    cfg = read_ds_config(path)
+    request = request_from_config(cfg, cluster.world_size)
+    try:  # train's own arguments are train's to judge: its parser here only reads what a resume needs
+        with contextlib.redirect_stderr(io.StringIO()):
+            train = build_parser().parse_args(["train", *train_args, "--config", str(path)])
+    except SystemExit:
+        train = None
+    steps = train and (
+        train.steps or ((cfg.get("scheduler") or {}).get("params") or {}).get("total_num_steps")
+    )
+    if train is not None and isinstance(steps, int) and train.checkpoint_dir is not None:
+        model = model_from_args(train).model_dump()
+        check_resume(
+            train.checkpoint_dir, train.resume, steps, cluster.world_size, request.model_dump(), model
+        )
+    verdict = validate_config(cfg, cluster.world_size, cluster.accelerator)
     if verdict.problems:
         more = (
             f" (and {len(verdict.problems) - 1} more: dstk validate {path} --world-size {cluster.world_size})"
@@ -96,49 +154,11 @@ def _program(args: argparse.Namespace, cluster_file: Path, cluster: Any = None) 
     if not args.config.is_file():
         raise UserError(f"--config: {args.config} not found")
     if cluster is not None and not (args.include or args.exclude):
-        _check_config(args.config, cluster)
+        _check_config(args.config, cluster, program)
     extra = ["--config", str(args.config)]
     if "--cluster" not in program:
         extra += ["--cluster", str(cluster_file)]
     return program + extra
-
-
-def remove_shm_buffers(port: int) -> int:
-    """Delete the shared-memory all-reduce buffers the job on `port` left in /dev/shm; how many.
-
-    DeepSpeed's CPU communication op (`shm_comm`, loaded by every torch backend) creates one 66 MB
-    `/dev/shm/deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>` per rank and never unlinks it
-    (`shared_close` is never called). /dev/shm is RAM: jobs on fresh ports fill it until ranks are killed.
-    Called once the job's ranks have exited, so nothing maps them any more."""
-    import glob
-    import os
-
-    removed = 0
-    for path in glob.glob(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*"):
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-            removed += 1
-    return removed
-
-
-def stale_build_locks(env: dict[str, str], min_age_s: float = 600.0) -> list[Path]:
-    """JIT-build lock files of DeepSpeed ops older than `min_age_s`, under TORCH_EXTENSIONS_DIR (or torch's
-    default ~/.cache/torch_extensions).
-
-    torch's `FileBaton` makes every process that needs an op wait for its `lock` file to disappear. A build
-    that was killed (Ctrl-C, a timeout) leaves the file behind, and every later job that needs the op hangs
-    with idle ranks and no message (seen with `cpu_adam` for ZeRO-Offload). No op builds for ten minutes, so
-    an older lock is almost surely stale; it is reported, not deleted, since a build may still be running."""
-    root = env.get("TORCH_EXTENSIONS_DIR")
-    roots = [Path(root)] if root else [Path.home() / ".cache" / "torch_extensions"]
-    now = time.time()
-    found = []
-    for base in roots:
-        for lock in (*base.glob("*/lock"), *base.glob("*/*/lock")):
-            with contextlib.suppress(OSError):
-                if now - lock.stat().st_mtime >= min_age_s:
-                    found.append(lock)
-    return sorted(found)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -146,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
 
     from toolkit.errors import UserError
     from toolkit.launcher.command import deepspeed_command, hostfile_text
+    from toolkit.launcher.job import built_op, remove_shm_buffers, run_job, stale_build_locks
 
     if args.max_restarts < 0:
         raise UserError("--max-restarts: must not be negative")
@@ -160,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
     hostfile, cluster_file = args.run_dir / "hostfile", args.run_dir / "cluster.yaml"
     text = hostfile_text(cluster)
     program = _program(args, cluster_file, cluster)
+    args.master_port = _rendezvous_port(args.master_port, cluster.nodes == 1 and not args.dry_run)
     launch = deepspeed_command(
         cluster, hostfile, program, master_port=args.master_port, include=args.include, exclude=args.exclude
     )
@@ -179,6 +201,13 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
+    if cluster.accelerator == "cpu" and not built_op("deepspeed_shm_comm", env):
+        print(
+            "dstk launch: first launch with this extensions cache: DeepSpeed compiles its CPU communication op "
+            "(shm_comm) before step 1, about a minute on 2 cores, once (cached under TORCH_EXTENSIONS_DIR)",
+            file=sys.stderr,
+            flush=True,
+        )
     if cluster.accelerator == "cpu" and "OMP_NUM_THREADS" not in env:
         # each rank would otherwise start one OpenMP thread per core: N ranks oversubscribe the cores N times
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cluster.gpus_per_node))
@@ -187,10 +216,13 @@ def run(args: argparse.Namespace) -> int:
     attempt = 0
     while True:
         start = time.time()
-        code = subprocess.call(argv, env=env)
+        code, stopped_by = run_job(argv, env)
         if cluster.nodes == 1:
             remove_shm_buffers(args.master_port)
         _event(log, {"attempt": attempt, "exit_code": code, "seconds": round(time.time() - start, 1)})
+        if stopped_by:
+            _say_where_it_stopped(stopped_by, program)
+            return 128 + stopped_by
         if code == 0 or attempt >= args.max_restarts:
             return code
         attempt += 1
@@ -205,6 +237,32 @@ def run(args: argparse.Namespace) -> int:
 
 
 SLURM_ONLY = ("--job-name", "--time", "--partition", "--account", "--cpus-per-task", "--gres")
+
+
+def _say_where_it_stopped(signum: int, program: list[str]) -> None:
+    """The last line of a stopped job: which checkpoint it left and the exact command that resumes it."""
+    import signal
+
+    from toolkit.run.checkpoint import MANIFEST, complete_tags
+
+    name = signal.Signals(signum).name
+    ckpt = Path(program[program.index("--checkpoint-dir") + 1]) if "--checkpoint-dir" in program else None
+    tags = complete_tags(ckpt, verify_hashes=False) if ckpt is not None else []
+    again = ["dstk", *sys.argv[1:]]
+    if "--resume" not in again:
+        again += ([] if "--" in again else ["--"]) + ["--resume", "auto"]
+    if tags:
+        step = json.loads((ckpt / tags[0] / MANIFEST).read_text())["step"]  # type: ignore[operator]
+        print(
+            f"dstk launch: stopped by {name}; the last complete checkpoint is {ckpt / tags[0]} (step {step}); "
+            f"resume: {shlex.join(again)}",
+            file=sys.stderr,
+        )
+    else:
+        print(
+            f"dstk launch: stopped by {name}; no checkpoint was written (give --checkpoint-dir)",
+            file=sys.stderr,
+        )
 
 
 def _default_job_name(program: list[str]) -> str:
@@ -241,7 +299,7 @@ def _write_slurm(args: argparse.Namespace, cluster: object) -> int:
         run_dir=run_dir,
         workdir=Path(os.getcwd()),
         options=options,
-        master_port=args.master_port,
+        master_port=args.master_port or DEFAULT_PORT,
         include=args.include,
         exclude=args.exclude,
         max_restarts=args.max_restarts,

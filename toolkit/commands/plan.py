@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from toolkit.commands import (
     add_model_args,
     add_target_arg,
     cluster_from_args,
+    job_flags,
     layout_request_from_args,
     model_from_args,
     print_json,
@@ -188,6 +190,8 @@ def run(args: argparse.Namespace) -> int:
     ds_config = build_ds_config(model, cluster, result.best.layout, opts)
     data = plan_to_dict(result, ds_config, training)
     data["recipe"] = recipe_line(ds_config)
+    # every input that changed the numbers: model (or --params) and sequence length, cluster and overrides
+    data["estimate_command"] = ["dstk", "estimate", *job_flags(args), *result.best.layout.flags()]
     if theirs is not None:
         data["your_config"] = {"path": str(args.config), **theirs.to_dict()}
     if args.elastic:
@@ -237,10 +241,7 @@ def run(args: argparse.Namespace) -> int:
     if theirs is not None:
         print(f"\n{_comparison(args.config, theirs, result.best.estimate)}")
     print(f"\nOptimisation recipe: {data['recipe']}")
-    print(
-        f"\nReproduce: dstk estimate --model {args.model or model.name} --cluster {args.cluster} "
-        f"--nodes {cluster.nodes} {' '.join(result.best.layout.flags())}"
-    )
+    print(f"\nReproduce: {shlex.join(data['estimate_command'])}")
     for s in data.get("elastic", []):
         if s["refused_because"] is None:
             print(

@@ -253,7 +253,10 @@ def run(args: argparse.Namespace) -> int:
     guard = _guard_options(args)
     faults = tuple(Fault.parse(f) for f in args.inject_fault or ())
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    request_from_config(config, world)  # DeepSpeed's batch arithmetic for this world size, before any torch
+    request = request_from_config(config, world)  # DeepSpeed's batch arithmetic for this world, before torch
+    from toolkit.run.preflight import check_resume
+
+    check_resume(args.checkpoint_dir, args.resume, steps, world, request.model_dump(), model.model_dump())
     cluster = None
     if args.cluster:
         cluster = load_cluster(args.cluster)
@@ -276,7 +279,7 @@ def run(args: argparse.Namespace) -> int:
         faults=faults,
         batching=_batching_options(args, config),
     )
-    main(
+    summary = main(
         TrainRun(
             model=model,
             config=config,
@@ -291,11 +294,13 @@ def run(args: argparse.Namespace) -> int:
             lora=lora,
         )
     )
+    # stopped by SIGTERM/SIGINT (at a step boundary, checkpoint written): 128 + the signal, the shell convention
+    code = 128 + summary["stopped_by"] if summary.get("stopped_by") else 0
     if "LOCAL_RANK" in os.environ:
         from toolkit.run.runtime import exit_without_teardown
 
-        exit_without_teardown()
-    return 0
+        exit_without_teardown(code)
+    return code
 
 
 def _lora(flag: str | None, planned: str | None) -> str | None:

@@ -286,6 +286,12 @@ def _run(
         )
         documents[split], tokens[split] = len(idx), int(lengths[idx].sum())
         cut[split] = int((lengths[idx] > seq_length).sum())
+    if validation_fraction > 0 and not rows["validation"]:  # dstk train --eval-every would find nothing
+        raise UserError(
+            f"--validation-fraction: {validation_fraction:g} of {len(lengths)} documents leaves no validation "
+            f"row of {seq_length} tokens ({documents['validation']} documents, {tokens['validation']} tokens); "
+            "raise it, give more data, or use --validation-fraction 0"
+        )
     manifest = {
         "seq_length": seq_length,
         "packing": options.packing,

@@ -46,8 +46,9 @@ class ConfigOptions(BaseModel):
     """AdamW weight decay."""
     gradient_clipping: float = Field(default=recipes.GRADIENT_CLIPPING, ge=0)
     """Global gradient-norm clipping threshold."""
-    log_dir: str = "runs/logs"
-    """Where TensorBoard and CSV monitors write."""
+    log_dir: str = "logs"
+    """Where TensorBoard and CSV monitors write; `dstk train` puts a relative path under its --run-dir (DeepSpeed
+    alone resolves it against the working directory)."""
     job_name: str = "dstk"
     """Monitor job name."""
     wandb: bool = False

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.errors import UserError
+from toolkit.integrations.targets import get_path
 from toolkit.plan.load import read_text
 
 AUTO = "auto"
@@ -96,15 +97,6 @@ _POSITIVE_INTS = (
 )
 _NUMBERS = ("gradient_clipping",)
 _BOOLS = ("fp16.enabled", "bf16.enabled", "bfloat16.enabled")
-
-
-def get_path(cfg: dict[str, Any], dotted: str) -> Any:
-    node: Any = cfg
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
 
 
 def integral(value: Any) -> bool:

@@ -16,8 +16,9 @@ from typing import Any
 
 from toolkit.errors import UserError
 from toolkit.integrations.ds_auto import AUTO, RunFacts, fill_auto
-from toolkit.integrations.ds_input import get_path, integral, type_problems
+from toolkit.integrations.ds_input import integral, type_problems
 from toolkit.integrations.dstk_block import read_dstk_block
+from toolkit.integrations.targets import get_path
 from toolkit.plan.layout import Layout, LayoutRequest
 from toolkit.plan.zero_knobs import ZeroKnobs, deepspeed_default_knobs
 
@@ -34,6 +35,17 @@ def _around(value: int, unit: int) -> str:
     return f"{lo} or {lo + unit}" if lo else f"{unit}"
 
 
+def _quotient(tbs: int, name: str, given: int, dp: int, ranks: str) -> int:
+    """The third batch number from train_batch_size and one other, as DeepSpeed divides (floor, twice)."""
+    derived = tbs // given // dp
+    if derived == 0 or tbs != given * derived * dp:
+        raise UserError(
+            f"train_batch_size: {tbs} is not a positive multiple of {name} × {ranks}; use train_batch_size "
+            f"{_around(tbs, given * dp)}"
+        )
+    return derived
+
+
 def resolve_batch(tbs: int | None, mbs: int | None, gas: int | None, dp: int) -> Batch:
     """The three batch numbers DeepSpeed (runtime/config.py `_set_batch_related_parameters` and
     `_batch_assertion`) derives from whichever of them are set, for `dp` data-parallel ranks, or a UserError
@@ -43,19 +55,9 @@ def resolve_batch(tbs: int | None, mbs: int | None, gas: int | None, dp: int) ->
     if tbs is not None and mbs is not None and gas is not None:
         pass
     elif tbs is not None and mbs is not None:
-        gas = tbs // mbs // dp
-        if gas == 0 or tbs != mbs * gas * dp:
-            raise UserError(
-                f"train_batch_size: {tbs} is not a positive multiple of train_micro_batch_size_per_gpu({mbs}) × "
-                f"{ranks}; use train_batch_size {_around(tbs, mbs * dp)}"
-            )
+        gas = _quotient(tbs, f"train_micro_batch_size_per_gpu({mbs})", mbs, dp, ranks)
     elif tbs is not None and gas is not None:
-        mbs = tbs // dp // gas
-        if mbs == 0 or tbs != mbs * gas * dp:
-            raise UserError(
-                f"train_batch_size: {tbs} is not a positive multiple of gradient_accumulation_steps({gas}) × "
-                f"{ranks}; use train_batch_size {_around(tbs, gas * dp)}"
-            )
+        mbs = _quotient(tbs, f"gradient_accumulation_steps({gas})", gas, dp, ranks)
     elif mbs is not None and gas is not None:
         tbs = mbs * gas * dp
     elif tbs is not None:

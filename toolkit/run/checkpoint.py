@@ -91,15 +91,16 @@ def check(tag_dir: Path, verify_hashes: bool = True) -> str | None:
     return None
 
 
-def complete_tags(ckpt_dir: Path, log: Any = None) -> list[str]:
-    """Complete checkpoint tags, newest first; incomplete ones are reported through `log`."""
+def complete_tags(ckpt_dir: Path, log: Any = None, verify_hashes: bool = True) -> list[str]:
+    """Complete checkpoint tags, newest first; incomplete ones are reported through `log`. Without
+    `verify_hashes` only sizes are compared (a pre-flight look, not the check before loading)."""
     if not ckpt_dir.is_dir():
         return []
     out = []
     for tag_dir in sorted(
         (p for p in ckpt_dir.iterdir() if p.is_dir() and p.name.startswith("step")), reverse=True
     ):
-        problem = check(tag_dir)
+        problem = check(tag_dir, verify_hashes)
         if problem is None:
             out.append(tag_dir.name)
         elif log is not None:

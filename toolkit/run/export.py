@@ -7,8 +7,8 @@ module. Only complete checkpoints (with a valid dstk manifest) are exported.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
+from typing import Any
 
 from toolkit.errors import UserError
 from toolkit.plan.specs import ModelSpec
@@ -48,9 +48,38 @@ def export(
             f"unexpected {sorted(unexpected)[:3]}"
         )
     model.tie_weights()
+    tok = None
+    if tokenizer is not None:
+        from toolkit.data.tokenizer import load_tokenizer
+
+        tok = load_tokenizer(tokenizer)
+        _special_tokens_from(tok, model)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
-    if tokenizer is not None:
-        for f in Path(tokenizer).glob("*.json"):
-            shutil.copy(f, out / f.name)
+    if tok is not None:
+        tok.save_pretrained(out)
+    _follow_umask(out)
     return out
+
+
+def _special_tokens_from(tok: Any, model: Any) -> None:
+    """The ids `generate()` stops and pads on are the tokenizer's that trained the model (the HF config's
+    defaults — GPT-2's 50256, clamped to the vocabulary — name an ordinary token of a locally trained one, and
+    generation never stops); pad falls back to end-of-text as `dstk data prepare` packs it."""
+    eos = tok.eos_token_id
+    bos = tok.bos_token_id if tok.bos_token_id is not None else eos
+    pad = tok.pad_token_id if tok.pad_token_id is not None else eos
+    for cfg in (model.config, model.generation_config):
+        cfg.eos_token_id, cfg.bos_token_id, cfg.pad_token_id = eos, bos, pad
+
+
+def _follow_umask(out: Path) -> None:
+    """save_pretrained writes weights through a private temporary file (mode 0600); give every file the mode
+    the user's umask gives a new file, as `cp` would, so a shared model directory is readable by the group."""
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in out.iterdir():
+        if path.is_file():
+            path.chmod(0o666 & ~mask)

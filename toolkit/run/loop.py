@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,11 @@ class Trainer:
         aux_loss: Any = None,
     ) -> None:
         self.engine, self.model, self.layout, self.rt, self.opts = engine, model, layout, rt, opts
+        self.stop: Any = None
+        """toolkit.run.stop.StopRequest when the process listens for SIGTERM/SIGINT (session installs it)."""
+        self.stopped_by = 0
+        """The signal that stopped the run at a step boundary (0: it ran to the end)."""
+        self._states_measured = False
         self.compressed_optimizer: Any = None
         """dstk's 1-bit Adam / 0/1 Adam when the config asks for it; its error-feedback buffers are per rank
         and DeepSpeed saves only rank 0's optimizer state at ZeRO-0, so they travel in dstk's rank files."""
@@ -164,7 +170,7 @@ class Trainer:
             aux = self.aux_loss.pop()
             self.record.aux_losses.append(float(aux.detach()))
             loss = loss + aux
-        if fault is not None:
+        if fault is not None and fault.kind != "slow":
             loss = corrupt(loss, fault)
         engine.backward(loss)
         boundary = engine.is_gradient_accumulation_boundary()
@@ -205,6 +211,7 @@ class Trainer:
         extra: dict[str, Any] = {
             "losses": self.record.losses,
             "layout": self.layout.model_dump(),
+            "model": self.model.model_dump(),
             "loader": self._loader_kind(),
         }
         if self.guard is not None:
@@ -217,10 +224,14 @@ class Trainer:
 
     def _train_step(self, micro_batches: list[Any]) -> tuple[float, float | None]:
         """One optimizer step: (loss, global gradient norm or None), averaged over the ranks."""
-        # model states are measured in the second step: Adam creates its moments lazily in the first
-        first = self.step == 1 or (self.opts.steps == 1 and self.step == 0)
+        # model states are measured once, in the second step (Adam creates its moments lazily in the first) or
+        # in the first step after a resume (the moments came with the checkpoint)
+        first = not self._states_measured and (self.step >= 1 or self.opts.steps == 1)
+        self._states_measured = self._states_measured or first
         gb = self.layout.global_batch_size
         fault = next((f for f in self.opts.faults if f.fires(self.step + 1, self.position, gb)), None)
+        if fault is not None and fault.kind == "slow":
+            time.sleep(0.5)
         self.meter.start()
         if self.layout.pp > 1:
             losses = [self._pipeline_step(micro_batches)]
@@ -234,7 +245,13 @@ class Trainer:
             self.guard.apply_lr(self.engine)  # the scheduler has just set the next step's rate
         norm = engine_grad_norm(self.engine)
         norm = self._grad_norm if norm is None else norm
-        means = means_over_ranks([sum(losses) / len(losses)] + ([] if norm is None else [norm]), self.rt)
+        # the stop request rides on the all-reduce every step does anyway: all ranks stop after the same step
+        asked = [float(self.stop.signum)] if self.stop is not None else []
+        means = means_over_ranks(
+            [sum(losses) / len(losses)] + ([] if norm is None else [norm]) + asked, self.rt
+        )
+        if asked and means[-1] > 0:
+            self.stopped_by = self.stop.signum or 15  # another rank got it first: SIGTERM's convention
         return means[0], (None if norm is None else means[1])
 
     def run(self, logger: Logger) -> None:
@@ -272,6 +289,10 @@ class Trainer:
                 if save_due and not verdict.suspect:  # a state inside an anomalous streak waits for the end
                     self.save()
                     save_due = False
+                if self.stopped_by:  # SIGTERM/SIGINT: leave a checkpoint at this step and stop
+                    if self.ckpt is not None and self.step not in self.saved_steps:
+                        self.save()
+                    break
                 if (
                     self.opts.crash_at_step == self.step
                     and not self.resumed

@@ -15,6 +15,23 @@ from toolkit.plan.cost.flops import model_tflops_per_gpu
 from toolkit.plan.specs import ModelSpec
 
 
+def strict_json(obj: Any, **kwargs: Any) -> str:
+    """JSON that strict parsers (jq, JavaScript, Go) read: a NaN or infinity (a step that did not run, a loss
+    that overflowed) becomes null instead of Python's bare `NaN`."""
+    import math
+
+    def clean(x: Any) -> Any:
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        return x
+
+    return json.dumps(clean(obj), allow_nan=False, **kwargs)
+
+
 def peak_memory_bytes(accelerator: str) -> int:
     """Peak memory of this rank: max allocated on an accelerator, peak RSS (VmHWM) on the CPU accelerator."""
     if accelerator != "cpu":
@@ -104,7 +121,7 @@ class Logger:
             return
         record = {"step": step, "split": prefix, **values}
         assert self.file is not None
-        self.file.write(json.dumps(record) + "\n")
+        self.file.write(strict_json(record) + "\n")
         self.file.flush()
         monitor = getattr(self.engine, "monitor", None)
         if monitor is not None and getattr(monitor, "enabled", False):
@@ -122,7 +139,7 @@ class Logger:
         if not self.is_main:
             return
         with (self.run_dir / "events.jsonl").open("a", encoding="utf-8") as f:
-            f.write(json.dumps({"time": time.time(), **record}) + "\n")
+            f.write(strict_json({"time": time.time(), **record}) + "\n")
 
     def advance(self) -> None:
         if self.bar is not None:

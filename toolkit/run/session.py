@@ -134,6 +134,21 @@ def _max_change(before: dict[str, Any], model: Any, trainable: bool) -> float:
     return float(out.item())
 
 
+def _monitors_under(config: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """The config with relative monitor paths (TensorBoard, CSV) under the run directory: DeepSpeed resolves
+    them against the working directory, so every run started from one place appended to the same files."""
+    out = dict(config)
+    for key in ("tensorboard", "csv_monitor"):
+        block = config.get(key)
+        if (
+            isinstance(block, dict)
+            and block.get("output_path")
+            and not Path(block["output_path"]).is_absolute()
+        ):
+            out[key] = {**block, "output_path": str(run_dir / block["output_path"])}
+    return out
+
+
 def _resume_tag(ckpt: Any, run: TrainRun) -> str | None:
     """The checkpoint to resume from (all ranks agree), or None."""
     if ckpt is None or run.resume == "never":
@@ -190,7 +205,7 @@ def main(run: TrainRun) -> dict[str, Any]:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         ckpt = Checkpointer(run.checkpoint_dir, rt.rank, run.keep_last) if run.checkpoint_dir else None
         tag = _resume_tag(ckpt, run)
-        config = run.config
+        config = _monitors_under(run.config, run.run_dir)
         if tag is not None and is_universal(run.checkpoint_dir / tag):
             # a checkpoint from another world size, converted by dstk checkpoint convert
             config = {**config, "checkpoint": {**config.get("checkpoint", {}), "load_universal": True}}
@@ -209,6 +224,9 @@ def main(run: TrainRun) -> dict[str, Any]:
         peak = run.cluster.peak_flops(layout.precision) if run.cluster else None
         trainer = Trainer(engine, run.model, layout, rt, data, run.run_dir, ckpt, run.loop, peak, aux)
         trainer.compressed_optimizer = client_optimizer
+        from toolkit.run.stop import StopRequest
+
+        trainer.stop = StopRequest.install()
         if tag is not None:
             trainer.resume(tag)
             if rt.is_main:

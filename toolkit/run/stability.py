@@ -173,7 +173,10 @@ class SpikeDetector:
 
 @dataclass(frozen=True)
 class Fault:
-    """A fault the tests inject (`--inject-fault STEP[+]:nan|spike`).
+    """A fault the tests inject (`--inject-fault STEP[+]:nan|spike|slow`).
+
+    `slow` sleeps half a second before each step it fires on and changes nothing else: a run a test can
+    signal mid-step and still compare, loss for loss, with one that was never slowed.
 
     `nan` makes the step's loss NaN: its gradients are NaN, clipping cannot help (the norm is NaN), and at
     ZeRO-0 Adam writes NaN into every weight. `spike` multiplies the step's gradients by 1e4 and lets them
@@ -191,7 +194,7 @@ class Fault:
     """
 
     step: int
-    kind: Literal["nan", "spike"]
+    kind: Literal["nan", "spike", "slow"]
     persistent: bool = False
 
     @classmethod
@@ -199,8 +202,8 @@ class Fault:
         step, _, kind = text.partition(":")
         persistent = step.endswith("+")
         step = step.removesuffix("+")
-        if kind not in ("nan", "spike") or not step.isdigit() or int(step) < 1:
-            raise UserError(f"--inject-fault: expected STEP[+]:nan|spike with STEP >= 1, got {text!r}")
+        if kind not in ("nan", "spike", "slow") or not step.isdigit() or int(step) < 1:
+            raise UserError(f"--inject-fault: expected STEP[+]:nan|spike|slow with STEP >= 1, got {text!r}")
         return cls(int(step), kind, persistent)  # type: ignore[arg-type]
 
     def fires(self, step: int, start_row: int, global_batch: int) -> bool:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from toolkit.plan.layout import Layout
+from toolkit.run.metrics import strict_json
 
 
 def summarize(trainer: Any, run: Any, layout: Layout) -> dict[str, Any]:
@@ -18,6 +18,7 @@ def summarize(trainer: Any, run: Any, layout: Layout) -> dict[str, Any]:
         "world_size": trainer.rt.world_size,
         "accelerator": trainer.rt.accelerator,
         "final_step": trainer.step,
+        "stopped_by": trainer.stopped_by or None,
         "data_position": trainer.position,
         "losses": trainer.record.losses,
         "evals": trainer.record.evals,
@@ -53,10 +54,16 @@ def summarize(trainer: Any, run: Any, layout: Layout) -> dict[str, Any]:
         if run.cluster is not None:  # on rank 0 only: it may detect the host (nvidia-smi) again
             summary["warnings"] = reality_check(summary, run.cluster, layout)
         run.run_dir.mkdir(parents=True, exist_ok=True)
-        (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        (run.run_dir / "summary.json").write_text(strict_json(summary, indent=2, sort_keys=True) + "\n")
         print_comparison(summary)
         for warning in summary.get("warnings", []):
             print(f"warning: {warning}", flush=True)
+        if trainer.stopped_by:
+            import signal
+
+            name = signal.Signals(trainer.stopped_by).name
+            where = f"; checkpoint {run.checkpoint_dir} at step {trainer.step}" if run.checkpoint_dir else ""
+            print(f"stopped by {name} after step {trainer.step}{where}", flush=True)
     return summary
 
 

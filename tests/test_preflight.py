@@ -1,0 +1,75 @@
+"""What a resume will meet, judged from checkpoint manifests before any rank starts (toolkit/run/preflight.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from toolkit.errors import UserError
+from toolkit.run.preflight import check_resume
+
+LAYOUT = {"zero_stage": 2, "tp": 1, "pp": 1, "ep": 1, "sp": 1}
+MODEL = {"name": "tiny", "n_layers": 2, "hidden_size": 64}
+
+
+def _checkpoint(root: Path, step: int, **manifest: object) -> Path:
+    tag = root / f"step{step:08d}"
+    tag.mkdir(parents=True)
+    data = {"tag": tag.name, "step": step, "world_size": 2, "files": {}, "layout": LAYOUT, "model": MODEL}
+    (tag / "dstk_manifest.json").write_text(json.dumps({**data, **manifest}))
+    return root
+
+
+def test_a_resume_that_will_work_passes_and_nothing_to_resume_is_fine(tmp_path: Path) -> None:
+    root = _checkpoint(tmp_path / "ckpt", 10)
+    check_resume(root, "auto", 20, 2, LAYOUT, MODEL)
+    check_resume(tmp_path / "empty", "auto", 20, 2, LAYOUT, MODEL)
+    check_resume(root, "never", 5, 8, {**LAYOUT, "zero_stage": 3}, MODEL)
+
+
+def test_each_mismatch_is_one_line_with_its_fix(tmp_path: Path) -> None:
+    root = _checkpoint(tmp_path / "ckpt", 10)
+    cases = [
+        ((root, "auto", 10, 2, LAYOUT, MODEL), r"at step 10 already, so --steps 10 leaves nothing"),
+        ((root, "auto", 20, 4, LAYOUT, MODEL), r"written by 2 ranks and this job has 4; convert it first"),
+        ((root, "auto", 20, 2, {**LAYOUT, "zero_stage": 3}, MODEL), r"zero_stage 2 → 3\); convert it first"),
+        ((root, "auto", 20, 2, LAYOUT, {**MODEL, "hidden_size": 128}), r"hidden_size differ from tiny"),
+        ((root, "step00000007", 20, 2, LAYOUT, MODEL), r"no such checkpoint\); complete ones: step00000010"),
+    ]
+    for args, pattern in cases:
+        with pytest.raises(UserError, match=pattern) as err:
+            check_resume(*args)
+        assert "\n" not in str(err.value)
+
+
+def test_a_converted_checkpoint_resumes_anywhere(tmp_path: Path) -> None:
+    root = _checkpoint(tmp_path / "ckpt", 10, universal=True)
+    check_resume(root, "auto", 20, 8, {**LAYOUT, "zero_stage": 3}, MODEL)
+
+
+def test_relative_monitor_paths_land_under_the_run_directory(tmp_path: Path) -> None:
+    from toolkit.run.session import _monitors_under
+
+    cfg = {
+        "tensorboard": {"enabled": True, "output_path": "logs/tensorboard"},
+        "csv_monitor": {"enabled": True, "output_path": "/abs/csv"},
+        "train_batch_size": 8,
+    }
+    out = _monitors_under(cfg, tmp_path / "run")
+    assert out["tensorboard"]["output_path"] == str(tmp_path / "run" / "logs" / "tensorboard")
+    assert out["csv_monitor"]["output_path"] == "/abs/csv" and out["train_batch_size"] == 8
+    assert cfg["tensorboard"]["output_path"] == "logs/tensorboard"  # the caller's config is not changed
+
+
+def test_grow_replans_at_the_batch_the_parent_trained_with(tmp_path: Path) -> None:
+    from toolkit.commands.grow import _at_the_trained_batch
+    from toolkit.plan.query import PlanQuery
+
+    tag = _checkpoint(tmp_path / "ckpt", 10, layout={**LAYOUT, "global_batch_size": 16}) / "step00000010"
+    assert _at_the_trained_batch(PlanQuery(), tag).global_batch_size == 16
+    assert _at_the_trained_batch(PlanQuery(global_batch_size=64), tag).global_batch_size == 64
+    assert (
+        _at_the_trained_batch(PlanQuery(), tmp_path).global_batch_size is None
+    )  # save_pretrained: no record
