@@ -127,3 +127,36 @@ def config(path: Path, *args: str) -> Path:
     )
     assert proc.returncode == 0, proc.stderr
     return path
+
+
+def assert_export_generates(out: Path) -> None:
+    """An exported model's special-token ids are its tokenizer's, so `generate()` stops at end-of-text (forced
+    as the third new token here), and its files have the mode the umask gives."""
+    import os
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
+
+    model, tok = AutoModelForCausalLM.from_pretrained(out), AutoTokenizer.from_pretrained(out)
+    for cfg in (model.config, model.generation_config):
+        assert (cfg.eos_token_id, cfg.bos_token_id, cfg.pad_token_id) == (
+            tok.eos_token_id,
+            tok.bos_token_id,
+            tok.pad_token_id,
+        )
+    ids = tok("The town of Arden has", return_tensors="pt")["input_ids"]
+
+    class EndAfterThree(LogitsProcessor):
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            if input_ids.shape[1] - ids.shape[1] == 2:
+                scores[:, :] = -float("inf")
+                scores[:, tok.eos_token_id] = 0
+            return scores
+
+    new = model.generate(
+        ids, max_new_tokens=20, do_sample=False, logits_processor=LogitsProcessorList([EndAfterThree()])
+    )
+    assert new.shape[1] == ids.shape[1] + 3 and int(new[0, -1]) == tok.eos_token_id
+    mask = os.umask(0)
+    os.umask(mask)
+    assert {p.stat().st_mode & 0o777 for p in out.iterdir() if p.is_file()} == {0o666 & ~mask}

@@ -23,7 +23,7 @@ def lora_runs(tmp_path_factory, prepared_data, init_weights):
     for stage in (2, 3):
         extra = ("--lora", LORA) if stage == 2 else ()
         cfg = zero_config(root / f"z{stage}.json", stage, *extra)
-        args = train_args(prepared_data, 6, "--init-from", str(init_weights), "--eval-every", "6")
+        args = train_args(prepared_data, 6, "--init-from", str(init_weights), "--eval-every", "3")
         if stage == 3:
             args += ["--lora", LORA]
         jobs[stage] = launch(root / f"run{stage}", cfg, args)
@@ -40,7 +40,9 @@ def test_lora_trains_only_the_adapters(lora_runs, stage) -> None:
     assert lora["trainable_params"] == adapter_params(spec, parse_lora(LORA))
     assert lora["frozen_max_abs_change"] == 0.0  # the base model is bit-identical after training
     assert lora["adapter_max_abs_change"] > 1e-4
-    assert s["losses"][-1] < s["losses"][0]
+    # it learns: the held-out loss (the same rows each time) falls from step 3 to step 6; single training
+    # batches are too noisy to compare over 6 steps from a randomly initialised base
+    assert [e["step"] for e in s["evals"]] == [3, 6] and s["evals"][1]["loss"] < s["evals"][0]["loss"]
     assert s["layout"]["lora"] == LORA
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from tests.cli import REPO
 from tests.conftest import train_args
-from tests.distributed import TEST_MODEL, config, launch
+from tests.distributed import TEST_MODEL, assert_export_generates, config, launch
 
 pytestmark = pytest.mark.multiprocess
 LLAMA = str(REPO / "tests" / "models" / "tiny-test-llama.yaml")
@@ -110,8 +110,18 @@ def test_autotp_matches_one_rank(tmp_path, prepared_data) -> None:
     ]
     tp = launch(tmp_path / "tp", tp_cfg, run_args)
     assert tp.code == 0, tp.output[-4000:]
-    one = launch(tmp_path / "one", one_cfg, run_args, ranks=1)
+    one = launch(tmp_path / "one", one_cfg, [*run_args, "--checkpoint-dir", str(tmp_path / "ckpt")], ranks=1)
     assert one.code == 0, one.output[-4000:]
+    # the Llama run exported with its tokenizer generates like the GPT-2 one (test_run_path)
+    from tests.cli import dstk
+
+    out = tmp_path / "hf"
+    r = dstk(
+        "export", "--model", LLAMA, "--checkpoint", str(tmp_path / "ckpt"), "--out", str(out),
+        "--tokenizer", str(prepared_data / "tokenizer"),
+    )  # fmt: skip
+    assert r.code == 0, r.err
+    assert_export_generates(out)
     assert tp.summary["losses"] == pytest.approx(one.summary["losses"], rel=1e-4)
     held = [r["dense"] for r in tp.summary["params_on_rank"]]
     whole = one.summary["params_on_rank"][0]["dense"]

@@ -73,3 +73,35 @@ def test_grow_replans_at_the_batch_the_parent_trained_with(tmp_path: Path) -> No
     assert (
         _at_the_trained_batch(PlanQuery(), tmp_path).global_batch_size is None
     )  # save_pretrained: no record
+
+
+def test_a_busy_port_is_replaced_or_named_before_any_rank_starts(tmp_path: Path) -> None:
+    import socket
+
+    from toolkit.commands.launch import _rendezvous_port
+
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(UserError, match=f"--master-port: {port} is in use on this host"):
+            _rendezvous_port(port, probe=True)
+        free = _rendezvous_port(None, probe=True)  # the default 29500 here, or a free one if that is busy
+        assert free != port
+        assert (
+            _rendezvous_port(port, probe=False) == port
+        )  # a multi-node rendezvous is not this host's to probe
+
+
+def test_json_outputs_are_strict_and_the_jit_build_is_known(tmp_path: Path) -> None:
+    from toolkit.launcher.job import built_op
+    from toolkit.run.metrics import strict_json
+
+    assert json.loads(strict_json({"loss": float("nan"), "steps": [1.0, float("inf")]})) == {
+        "loss": None,
+        "steps": [1.0, None],
+    }
+    (tmp_path / "deepspeed_shm_comm").mkdir()
+    assert not built_op("deepspeed_shm_comm", {"TORCH_EXTENSIONS_DIR": str(tmp_path)})
+    (tmp_path / "deepspeed_shm_comm" / "deepspeed_shm_comm.so").write_bytes(b"")
+    assert built_op("deepspeed_shm_comm", {"TORCH_EXTENSIONS_DIR": str(tmp_path)})

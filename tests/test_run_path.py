@@ -12,7 +12,7 @@ import pytest
 
 from tests.cli import REPO
 from tests.conftest import STEPS, train_args, zero_config
-from tests.distributed import TEST_MODEL, config, launch, run_script
+from tests.distributed import TEST_MODEL, assert_export_generates, config, launch, run_script
 
 pytestmark = pytest.mark.multiprocess
 _train_args = train_args
@@ -145,32 +145,7 @@ def test_bf16_trains_with_accumulation_eval_and_export(tmp_path, prepared_data) 
     ids = tok("The town of Arden has", return_tensors="pt")["input_ids"]
     loss = float(model(input_ids=ids, labels=ids).loss.detach())
     assert loss < math.log(512)  # trained weights, not a fresh initialisation
-    # generate() stops at the tokenizer's end-of-text: its ids are the ones in the exported configs
-    for cfg in (model.config, model.generation_config):
-        assert (cfg.eos_token_id, cfg.bos_token_id, cfg.pad_token_id) == (
-            tok.eos_token_id,
-            tok.bos_token_id,
-            tok.pad_token_id,
-        )
-    import torch
-    from transformers import LogitsProcessor, LogitsProcessorList
-
-    class EndAfterThree(LogitsProcessor):  # the model emits end-of-text as its 3rd new token
-        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-            if input_ids.shape[1] - ids.shape[1] == 2:
-                scores[:, :] = -float("inf")
-                scores[:, tok.eos_token_id] = 0
-            return scores
-
-    new = model.generate(
-        ids, max_new_tokens=20, do_sample=False, logits_processor=LogitsProcessorList([EndAfterThree()])
-    )
-    assert new.shape[1] == ids.shape[1] + 3 and int(new[0, -1]) == tok.eos_token_id
-    import os
-
-    mask = os.umask(0)
-    os.umask(mask)
-    assert {p.stat().st_mode & 0o777 for p in out.iterdir() if p.is_file()} == {0o666 & ~mask}
+    assert_export_generates(out)
 
 
 def test_zero3_construction_never_materialises_the_model(tmp_path) -> None:

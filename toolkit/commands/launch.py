@@ -130,8 +130,9 @@ def _check_config(path: Path, cluster: Any, train_args: list[str]) -> None:
     )
     if train is not None and isinstance(steps, int) and train.checkpoint_dir is not None:
         model = model_from_args(train).model_dump()
+        steps_left = None if train.eval_only else steps  # --eval-only trains nothing
         check_resume(
-            train.checkpoint_dir, train.resume, steps, cluster.world_size, request.model_dump(), model
+            train.checkpoint_dir, train.resume, steps_left, cluster.world_size, request.model_dump(), model
         )
     verdict = validate_config(cfg, cluster.world_size, cluster.accelerator)
     if verdict.problems:

@@ -256,7 +256,11 @@ def run(args: argparse.Namespace) -> int:
     request = request_from_config(config, world)  # DeepSpeed's batch arithmetic for this world, before torch
     from toolkit.run.preflight import check_resume
 
-    check_resume(args.checkpoint_dir, args.resume, steps, world, request.model_dump(), model.model_dump())
+    # --eval-only trains nothing, so a checkpoint at --steps is what it wants, not "nothing to do"
+    steps_left = None if args.eval_only else steps
+    check_resume(
+        args.checkpoint_dir, args.resume, steps_left, world, request.model_dump(), model.model_dump()
+    )
     cluster = None
     if args.cluster:
         cluster = load_cluster(args.cluster)

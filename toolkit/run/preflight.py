@@ -46,19 +46,20 @@ def resume_manifest(checkpoint_dir: Path, resume: str) -> dict[str, Any] | None:
 def check_resume(
     checkpoint_dir: Path | None,
     resume: str,
-    steps: int,
+    steps: int | None,
     world_size: int,
     layout: dict[str, Any] | None = None,
     model: dict[str, Any] | None = None,
 ) -> None:
-    """One-line UserError when resuming would fail or do nothing; silent when it will work."""
+    """One-line UserError when resuming would fail or do nothing; silent when it will work. `steps` None: the
+    run trains nothing (--eval-only), so any step is fine."""
     if checkpoint_dir is None:
         return
     manifest = resume_manifest(checkpoint_dir, resume)
     if manifest is None:
         return
     where, step = f"{checkpoint_dir / manifest['tag']}", int(manifest["step"])
-    if step >= steps:
+    if steps is not None and step >= steps:
         raise UserError(
             f"--steps: the checkpoint {where} is at step {step} already, so --steps {steps} leaves nothing to "
             f"train; give --steps > {step} to continue"
