@@ -113,7 +113,7 @@ def _check_config(path: Path, cluster: Any, train_args: list[str]) -> None:
     from toolkit.cli import build_parser
     from toolkit.commands import model_from_args
     from toolkit.errors import UserError
-    from toolkit.integrations.ds_input import read_ds_config
+    from toolkit.integrations.ds_input import read_ds_config, scheduled_steps
     from toolkit.integrations.ds_layout import request_from_config
     from toolkit.integrations.validate import validate_config
     from toolkit.run.preflight import check_resume
@@ -125,9 +125,7 @@ def _check_config(path: Path, cluster: Any, train_args: list[str]) -> None:
             train = build_parser().parse_args(["train", *train_args, "--config", str(path)])
     except SystemExit:
         train = None
-    steps = train and (
-        train.steps or ((cfg.get("scheduler") or {}).get("params") or {}).get("total_num_steps")
-    )
+    steps = train and (train.steps or scheduled_steps(cfg))
     if train is not None and isinstance(steps, int) and train.checkpoint_dir is not None:
         model = model_from_args(train).model_dump()
         steps_left = None if train.eval_only else steps  # --eval-only trains nothing
@@ -244,18 +242,18 @@ def _say_where_it_stopped(signum: int, program: list[str]) -> None:
     """The last line of a stopped job: which checkpoint it left and the exact command that resumes it."""
     import signal
 
-    from toolkit.run.checkpoint import MANIFEST, complete_tags
+    from toolkit.run.preflight import resume_manifest
 
     name = signal.Signals(signum).name
     ckpt = Path(program[program.index("--checkpoint-dir") + 1]) if "--checkpoint-dir" in program else None
-    tags = complete_tags(ckpt, verify_hashes=False) if ckpt is not None else []
+    newest = resume_manifest(ckpt, "auto") if ckpt is not None else None  # what `--resume auto` will load
     again = ["dstk", *sys.argv[1:]]
     if "--resume" not in again:
         again += ([] if "--" in again else ["--"]) + ["--resume", "auto"]
-    if tags:
-        step = json.loads((ckpt / tags[0] / MANIFEST).read_text())["step"]  # type: ignore[operator]
+    if newest is not None:
+        tag, step = newest["tag"], newest["step"]
         print(
-            f"dstk launch: stopped by {name}; the last complete checkpoint is {ckpt / tags[0]} (step {step}); "
+            f"dstk launch: stopped by {name}; the last complete checkpoint is {ckpt / tag} (step {step}); "
             f"resume: {shlex.join(again)}",
             file=sys.stderr,
         )

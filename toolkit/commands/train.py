@@ -219,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
 
     from toolkit.commands import model_from_args
     from toolkit.errors import UserError
-    from toolkit.integrations.ds_input import read_ds_config
+    from toolkit.integrations.ds_input import read_ds_config, scheduled_steps
     from toolkit.integrations.ds_layout import request_from_config
     from toolkit.integrations.dstk_block import read_dstk_block
     from toolkit.plan.load import load_cluster
@@ -230,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
     model = model_from_args(args)
     config = read_ds_config(args.config)
     block = read_dstk_block(config)
-    steps = args.steps or ((config.get("scheduler") or {}).get("params") or {}).get("total_num_steps")
+    steps = args.steps or scheduled_steps(config)
     if not isinstance(steps, int) or steps <= 0:
         raise UserError("--steps: give a positive number of steps (the config's scheduler has none)")
     if args.save_every is None:

@@ -70,7 +70,8 @@ def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
         yield prefix, node
 
 
-def _set(cfg: dict[str, Any], dotted: str, value: Any) -> None:
+def set_path(cfg: dict[str, Any], dotted: str, value: Any) -> None:
+    """`cfg["a"]["b"] = value` for "a.b" (the levels exist); None removes the key."""
     *parents, last = dotted.split(".")
     node = cfg
     for p in parents:
@@ -126,39 +127,35 @@ def fill_auto(cfg: dict[str, Any], facts: RunFacts) -> tuple[dict[str, Any], lis
     for path, value in list(_leaves(cfg)):
         if tuner and path == "zero_optimization.stage" and isinstance(value, list) and value:
             notes.append(f"{path}: {value} is the autotuner's search space (autotuning.enabled)")
-            _set(
-                out,
-                path,
-                max(v for v in value if isinstance(v, int)) if any(isinstance(v, int) for v in value) else 0,
-            )
+            set_path(out, path, max((v for v in value if isinstance(v, int)), default=0))
             continue
         if value != AUTO:
             continue
         if tuner and path in AUTOTUNER_FILLED:
             notes.append(f'{path}: "auto", searched by DeepSpeed\'s autotuner (autotuning.enabled)')
-            _set(out, path, None)
+            set_path(out, path, None)
         elif path in HF_FILLED:
             known = given.get(path)
             if known is not None:
                 notes.append(f'{path}: "auto" ← {known} (HF fills it from {HF_FILLED[path]})')
-                _set(out, path, known)
+                set_path(out, path, known)
             else:
                 notes.append(
                     f'{path}: "auto", filled at run time by HF Trainer/Accelerate ({HF_FILLED[path]})'
                 )
-                _set(out, path, stand_in.get(path))
+                set_path(out, path, stand_in.get(path))
         elif path == "bfloat16.enabled":
             problems.append(
                 'bfloat16.enabled: "auto" is not filled: HF Trainer/Accelerate fill bf16.enabled, not the legacy '
                 "bfloat16 name, and DeepSpeed reads the string as true; rename the section to bf16"
             )
-            _set(out, path, None)
+            set_path(out, path, None)
         else:
             problems.append(
                 f'{path}: "auto" is filled by neither HF Trainer nor Accelerate (they fill the batch sizes, '
                 "gradient_clipping, optimizer/scheduler params, fp16/bf16.enabled and ZeRO sizes); give a value"
             )
-            _set(out, path, None)
+            set_path(out, path, None)
     batch = ("train_batch_size", "train_micro_batch_size_per_gpu")
     if any(cfg.get(k) == AUTO for k in batch) and all(out.get(k) is None for k in batch):
         out["train_micro_batch_size_per_gpu"] = 1  # a stand-in; the notes say who fills it

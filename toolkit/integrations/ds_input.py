@@ -99,6 +99,11 @@ _NUMBERS = ("gradient_clipping",)
 _BOOLS = ("fp16.enabled", "bf16.enabled", "bfloat16.enabled")
 
 
+def scheduled_steps(cfg: dict[str, Any]) -> Any:
+    """The schedule's `total_num_steps` (what `dstk train` runs when --steps is not given), or None."""
+    return get_path(cfg, "scheduler.params.total_num_steps")
+
+
 def integral(value: Any) -> bool:
     return (isinstance(value, int) and not isinstance(value, bool)) or (
         isinstance(value, float) and value.is_integer()

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolkit.errors import UserError
-from toolkit.integrations.ds_auto import AUTO, RunFacts, fill_auto
+from toolkit.integrations.ds_auto import AUTO, RunFacts, fill_auto, set_path
 from toolkit.integrations.ds_input import integral, type_problems
 from toolkit.integrations.dstk_block import read_dstk_block
 from toolkit.integrations.targets import get_path
-from toolkit.plan.layout import Layout, LayoutRequest
+from toolkit.plan.layout import Layout, LayoutRequest, data_parallel_size
 from toolkit.plan.zero_knobs import ZeroKnobs, deepspeed_default_knobs
 
 
@@ -175,14 +175,7 @@ def _fill_layout_autos(cfg: dict[str, Any], given: dict[str, Any], flag: str) ->
             raise UserError(
                 f'{flag}: {path} is "auto" (filled by HF Trainer/Accelerate at run time); give {option}'
             )
-        *parents, last = path.split(".")
-        node = out
-        for p in parents:
-            node = node[p]
-        if value == "derived":
-            node.pop(last)
-        else:
-            node[last] = value
+        set_path(out, path, None if value == "derived" else value)
     return out
 
 
@@ -255,7 +248,7 @@ def layout_from_config(cfg: dict[str, Any], world_size: int, parallel: ModelPara
     request = request_from_config(cfg, world_size, parallel)
     if block is not None:
         return block
-    dp = world_size // (request.tp * request.pp * request.sp)
+    dp = data_parallel_size(world_size, request.tp, request.pp, request.sp)
     assert request.global_batch_size is not None and request.gradient_accumulation_steps is not None
     return Layout(
         **request.model_dump(exclude={"global_batch_size", "gradient_accumulation_steps", "precision"}),

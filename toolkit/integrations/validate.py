@@ -23,6 +23,7 @@ from toolkit.integrations.ds_auto import RunFacts, fill_auto
 from toolkit.integrations.ds_input import type_problems
 from toolkit.integrations.ds_layout import ModelParallel, config_batch
 from toolkit.integrations.dstk_block import DSTK_KEY, read_dstk_block
+from toolkit.plan.layout import data_parallel_size
 
 # Top-level keys DeepSpeed 0.19.8 reads (runtime/config.py and deepspeed.initialize), plus dstk's own block.
 KNOWN_TOP_LEVEL = frozenset(
@@ -312,7 +313,7 @@ def validate_config(
         batch_ok = True
     except UserError as exc:
         verdict.add("deepspeed", [str(exc)])
-        dp, batch_ok = max(world_size // (parallel.tp * parallel.pp * parallel.sp), 1), False
+        dp, batch_ok = max(data_parallel_size(world_size, parallel.tp, parallel.pp, parallel.sp), 1), False
     aio = cfg.get("aio")
     if isinstance(aio, dict) and aio.get("use_gds") and accelerator != "cuda":
         # aio_config.py asserts get_accelerator().device_name() == 'cuda': judged for the target, not the host
