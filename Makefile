@@ -31,11 +31,16 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m toolkit.demo
 
+# Two pytest workers: two 2-rank launches side by side fill 2 cores better than one, more do worse (measured
+# in tests/conftest.py). Each test module stays on one worker, in the order tests/conftest.py gives.
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
 test: $(STAMP)
-	$(PY) -m pytest -q -ra --durations=25 tests
+	$(PY) -m pytest -q -ra --durations=25 $(XDIST) tests
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -ra -m "not multiprocess and not slow" tests
+	$(PY) -m pytest -q -ra $(XDIST) -m "not multiprocess and not slow" tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -1,14 +1,24 @@
-"""Shared environment and fixtures: the JIT op cache inside .venv, offline hubs, one thread per rank, and the
-prepared data every run-path test trains on."""
+"""Shared environment and fixtures: the JIT op cache inside .venv, offline hubs, one thread per rank, the
+prepared data every run-path test trains on, and how the suite is spread over two pytest-xdist workers.
+
+Why two workers (`make test` runs `-n 2 --dist loadfile`): a 2-rank launch is mostly single-threaded start-up
+(dstk launch → deepspeed runner → launch.py, each importing DeepSpeed) before two ranks import torch,
+transformers and DeepSpeed. Measured on 2 cores (AVX2 host, tiny model, 10 steps): two launches one after the
+other 46.5 s, side by side 32.9 s; four side by side 86 s against 66 s for two pairs, because DeepSpeed's CPU
+shared-memory all-reduce spins while it waits. So two at a time, never more.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,36 +33,54 @@ for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
 os.environ["DSTK_CACHE_DIR"] = tempfile.mkdtemp(prefix="dstk-test-cache-")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Modules that launch processes first, the one of the shared ZeRO runs before all, so the long ones do
+    not start last and leave one worker idle at the end; each module's tests stay together and in order (the
+    xdist scheduler, `--dist loadfile`, gives a whole module to one worker)."""
+    module = {id(i): i.nodeid.split("::")[0] for i in items}
+    shared = {module[id(i)] for i in items if "zero_runs" in i.fixturenames}
+    heavy = {module[id(i)] for i in items if i.get_closest_marker("multiprocess")}
+    first: dict[str, int] = {}
+    for n, item in enumerate(items):
+        first.setdefault(module[id(item)], n)
+    items.sort(key=lambda i: (module[id(i)] not in shared, module[id(i)] not in heavy, first[module[id(i)]]))
+
+
+def _made_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], Any]) -> Any:
+    """`make(directory)` once per test run, whichever xdist worker asks first; the others wait for it and get
+    the same (pickled) result. Without xdist, a fresh directory of this session."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        return make(tmp_path_factory.mktemp(name))
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent  # this run's directory, above every worker's own
+    result = shared / f"{name}.pickle"
+    with FileLock(str(shared / f"{name}.lock")):
+        if result.exists():
+            return pickle.loads(result.read_bytes())
+        (shared / name).mkdir()
+        value = make(shared / name)
+        result.write_bytes(pickle.dumps(value))
+        return value
+
+
 @pytest.fixture(scope="session")
 def prepared_data(tmp_path_factory) -> Path:
     """The generated corpus, tokenized (vocab 512) and packed into 64-token sequences."""
     from tests.distributed import dstk_cmd
 
-    root = tmp_path_factory.mktemp("data")
-    subprocess.run(
-        dstk_cmd("data", "generate", "--out", str(root / "raw"), "--docs-per-domain", "400"),
-        check=True,
-        cwd=REPO,
-        capture_output=True,
-    )
-    subprocess.run(
-        dstk_cmd(
-            "data",
-            "prepare",
-            "--input",
-            *[str(p) for p in sorted((root / "raw").glob("*.jsonl"))],
-            "--out",
-            str(root / "packed"),
-            "--seq-length",
-            "64",
-            "--train-tokenizer",
-            "512",
-        ),
-        check=True,
-        cwd=REPO,
-        capture_output=True,
-    )
-    return root / "packed"
+    def make(root: Path) -> Path:
+        generate = ["data", "generate", "--out", str(root / "raw"), "--docs-per-domain", "400"]
+        subprocess.run(dstk_cmd(*generate), check=True, cwd=REPO, capture_output=True)
+        raw = [str(p) for p in sorted((root / "raw").glob("*.jsonl"))]
+        prepare = ["data", "prepare", "--input", *raw, "--out", str(root / "packed"), "--seq-length", "64"]
+        subprocess.run(
+            dstk_cmd(*prepare, "--train-tokenizer", "512"), check=True, cwd=REPO, capture_output=True
+        )
+        return root / "packed"
+
+    return _made_once(tmp_path_factory, "data", make)
 
 
 @pytest.fixture(scope="session")
@@ -64,10 +92,12 @@ def init_weights(tmp_path_factory) -> Path:
     from toolkit.plan.load import load_model
     from toolkit.run.models import build_model
 
-    out = tmp_path_factory.mktemp("init")
-    torch.manual_seed(0)
-    build_model(load_model(TEST_MODEL), {}).save_pretrained(out)
-    return out
+    def make(out: Path) -> Path:
+        torch.manual_seed(0)
+        build_model(load_model(TEST_MODEL), {}).save_pretrained(out)
+        return out
+
+    return _made_once(tmp_path_factory, "init", make)
 
 
 STEPS = 10
@@ -109,27 +139,32 @@ def zero_config(path: Path, stage: int, *extra: str) -> Path:
 
 @pytest.fixture(scope="session")
 def zero_runs(tmp_path_factory, prepared_data, init_weights):
-    """ZeRO stages 0-3 in fp32 from the same weights on the same data: 10 steps each, checkpointed."""
+    """ZeRO stages 0-3 in fp32 from the same weights on the same data: 10 steps each, checkpointed at steps 5
+    and 10 (the step-5 checkpoints are where the resume and convert tests continue from)."""
     from tests.distributed import launch
 
-    root = tmp_path_factory.mktemp("zero")
-    jobs = {}
-    for stage in range(4):
-        cfg = zero_config(root / f"z{stage}.json", stage)
-        jobs[stage] = launch(
-            root / f"run{stage}",
-            cfg,
-            train_args(
-                prepared_data,
-                STEPS,
-                "--init-from",
-                str(init_weights),
-                "--checkpoint-dir",
-                str(root / f"ckpt{stage}"),
-            ),
-        )
-        assert jobs[stage].code == 0, jobs[stage].output[-3000:]
-    return jobs
+    def make(root: Path) -> dict[int, Any]:
+        jobs = {}
+        for stage in range(4):
+            cfg = zero_config(root / f"z{stage}.json", stage)
+            jobs[stage] = launch(
+                root / f"run{stage}",
+                cfg,
+                train_args(
+                    prepared_data,
+                    STEPS,
+                    "--init-from",
+                    str(init_weights),
+                    "--checkpoint-dir",
+                    str(root / f"ckpt{stage}"),
+                    "--save-every",
+                    "5",
+                ),
+            )
+            assert jobs[stage].code == 0, jobs[stage].output[-3000:]
+        return jobs
+
+    return _made_once(tmp_path_factory, "zero", make)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -20,6 +20,11 @@ from tests.cli import REPO
 TEST_MODEL = str(REPO / "tests" / "models" / "tiny-test-gpt2.yaml")
 
 
+# Launches a test may run side by side: two 2-rank launches share 2 cores better than one after the other
+# (measured in tests/conftest.py), more do worse. Under xdist the other worker's launch is the second.
+LAUNCH_SLOTS = 1 if os.environ.get("PYTEST_XDIST_WORKER") else 2
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -3,6 +3,8 @@ computes, and DeepSpeed AutoTP on a tiny Llama matching a 1-rank run."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from tests.cli import REPO
@@ -52,18 +54,20 @@ def test_two_stage_pipeline(tmp_path, prepared_data, init_weights) -> None:
         "--log-dir",
         str(tmp_path / "logs"),
     )
-    common = ["--init-from", str(init_weights), "--checkpoint-dir", str(tmp_path / "ckpt")]
+    ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--save-every", "6"]
     straight = launch(
-        tmp_path / "straight", cfg, train_args(prepared_data, 12, "--init-from", str(init_weights))
+        tmp_path / "straight", cfg, train_args(prepared_data, 12, "--init-from", str(init_weights), *ckpt)
     )
     assert straight.code == 0, straight.output[-4000:]
     losses = straight.summary["losses"]
     assert losses[0] == pytest.approx(_first_batch_loss(init_weights, prepared_data, 2, 8), rel=1e-5)
     assert losses[-1] < losses[0] - 0.3
-    first = launch(tmp_path / "a", cfg, train_args(prepared_data, 6, *common))
-    assert first.code == 0, first.output[-4000:]
-    resumed = launch(tmp_path / "b", cfg, train_args(prepared_data, 12, *common, "--resume", "auto"))
+    # the step-6 checkpoint alone in a directory, as a run stopped after 6 steps leaves it, resumed to 12
+    shutil.copytree(tmp_path / "ckpt" / "step00000006", tmp_path / "half" / "step00000006")
+    resume = ["--checkpoint-dir", str(tmp_path / "half"), "--resume", "auto"]
+    resumed = launch(tmp_path / "b", cfg, train_args(prepared_data, 12, *resume))
     assert resumed.code == 0, resumed.output[-4000:]
+    assert "at step 6" in resumed.output
     assert resumed.summary["losses"] == pytest.approx(losses, rel=1e-6, abs=1e-6)
 
 

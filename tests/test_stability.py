@@ -18,7 +18,7 @@ import pytest
 
 from tests.cli import dstk
 from tests.conftest import train_args, zero_config
-from tests.distributed import TEST_MODEL, launch
+from tests.distributed import LAUNCH_SLOTS, TEST_MODEL, launch
 from toolkit.errors import UserError
 from toolkit.run.stability import MIN_HISTORY, Fault, GuardOptions, RobustBaseline, SpikeDetector
 
@@ -195,7 +195,7 @@ def _finished(job) -> bool:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, prepared_data) -> dict:
-    """Five 2-rank jobs, two at a time (the launcher chain is mostly single-threaded start-up)."""
+    """Five 2-rank jobs, LAUNCH_SLOTS at a time (the launcher chain is mostly single-threaded start-up)."""
     root = tmp_path_factory.mktemp("stability")
     cfg = zero_config(root / "z0.json", 0, "--train-steps", str(STEPS))
     common = train_args(prepared_data, STEPS, "--eval-every", str(STEPS))
@@ -218,7 +218,7 @@ def runs(tmp_path_factory, prepared_data) -> dict:
         "spike_unguarded": common + FAULTS["spike"],
         "budget": train_args(prepared_data, 8, *budget),
     }
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    with ThreadPoolExecutor(max_workers=LAUNCH_SLOTS) as pool:
         futures = {name: pool.submit(launch, root / name, cfg, args) for name, args in variants.items()}
         jobs = {name: f.result() for name, f in futures.items()}
     for name, job in jobs.items():

@@ -1,0 +1,212 @@
+"""The shared ZeRO runs (tests/conftest.py: stages 0-3, fp32, 10 steps from the same weights, checkpointed at
+steps 5 and 10) and every test measured against them: the stages compute the same thing, hold the estimated
+bytes, and every way of continuing — resume, a killed rank, a signal to the launcher, conversion to one rank —
+continues to the same losses. In one module so that one pytest-xdist worker (`--dist loadfile`) makes the
+runs and runs these tests, while the other runs other modules."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import STEPS, train_args, zero_config
+from tests.distributed import LAUNCH_SLOTS, launch
+
+pytestmark = pytest.mark.multiprocess
+_train_args = train_args
+
+
+def test_zero_stages_are_the_same_computation(zero_runs) -> None:
+    """ZeRO is an exact reformulation of data parallelism: same losses to 1e-4 for stages 0-3 (fp32)."""
+    reference = zero_runs[0].summary["losses"]
+    assert len(reference) == STEPS and reference[-1] < reference[0] - 0.5  # and it learns
+    for stage in (1, 2, 3):
+        losses = zero_runs[stage].summary["losses"]
+        assert losses == pytest.approx(reference, rel=1e-4), f"stage {stage}"
+
+
+def test_model_state_bytes_match_the_estimate(zero_runs) -> None:
+    """dstk estimate's engine model states for the cpu cluster equal what the most loaded rank's engine holds
+    (2 %); the estimate is per-GPU worst case, so no rank holds more."""
+    for stage, job in zero_runs.items():
+        s = job.summary
+        predicted = s["predicted"]["engine_model_states_bytes"]["total"]
+        measured = s["model_state_bytes"]["after_backward"]
+        assert max(measured) == pytest.approx(predicted, rel=0.02), (
+            f"stage {stage}: {measured} vs {predicted}"
+        )
+        assert all(m <= predicted * 1.02 for m in measured)
+    z0 = zero_runs[0].summary["model_state_bytes"]["after_step"][0]
+    z3 = zero_runs[3].summary["model_state_bytes"]["after_step"][0]
+    assert z3 < z0  # partitioned states per rank
+
+
+def test_summary_metrics_and_monitors(zero_runs) -> None:
+    s = zero_runs[2].summary
+    assert s["tokens_per_s"] > 0 and s["tflops_per_gpu"] > 0 and 0 < s["mfu"] < 1
+    assert s["predicted"]["step_time_s"] > 0 and len(s["peak_memory_bytes"]) == 2
+    lines = [json.loads(x) for x in (zero_runs[2].run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert {"loss", "lr", "tokens_per_s", "mfu", "rss_bytes"} <= set(lines[-1])
+    assert "Measured vs predicted" in zero_runs[2].output
+
+
+def test_resume_continues_exactly(tmp_path, zero_runs, prepared_data) -> None:
+    """10 straight steps == the shared ZeRO-2 run's step-5 checkpoint (alone in a directory, as a run stopped
+    after 5 steps leaves it) + `--resume auto` for 5 more (fp32, 2 ranks), to 1e-6."""
+    import shutil
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(zero_runs[2].run_dir.parent / "ckpt2" / "step00000005", ckpt / "step00000005")
+    cfg = zero_config(tmp_path / "z2.json", 2)  # the shared runs' config, logging here
+    resume = ["--checkpoint-dir", str(ckpt), "--resume", "auto"]
+    second = launch(tmp_path / "b", cfg, _train_args(prepared_data, STEPS, *resume))
+    assert second.code == 0, second.output[-3000:]
+    assert f"resumed from {ckpt / 'step00000005'} at step 5" in second.output
+    straight = zero_runs[2].summary["losses"]
+    resumed = second.summary["losses"]
+    assert len(resumed) == STEPS
+    assert resumed[-1] == pytest.approx(straight[-1], rel=1e-6, abs=1e-6)
+    assert resumed[5:] == pytest.approx(straight[5:], rel=1e-6, abs=1e-6)
+
+
+def test_killed_rank_restarts_and_matches_the_uninterrupted_run(
+    tmp_path, zero_runs, prepared_data, init_weights
+):
+    """SIGKILL one rank at a seeded pseudo-random step; dstk launch --max-restarts restarts the job, which resumes
+    from the last complete checkpoint and ends with the same losses and weights as a run that never failed."""
+    crash_step = random.Random(1234).randint(3, STEPS - 2)
+    cfg = zero_config(tmp_path / "z1.json", 1)
+    job = launch(
+        tmp_path / "run",
+        cfg,
+        train_args(
+            prepared_data,
+            STEPS,
+            "--init-from",
+            str(init_weights),
+            "--checkpoint-dir",
+            str(tmp_path / "ckpt"),
+            "--save-every",
+            "2",
+            "--crash-at-step",
+            str(crash_step),
+            "--crash-rank",
+            "1",
+        ),
+        launch_args=["--max-restarts", "2"],
+    )
+    assert job.code == 0, job.output[-4000:]
+    events = [
+        json.loads(x) for x in (tmp_path / "run" / "launch" / "launch_events.jsonl").read_text().splitlines()
+    ]
+    assert [e["exit_code"] != 0 for e in events] == [True, False], (
+        events
+    )  # one failure, one successful restart
+    resumed_at = 2 * (crash_step // 2)
+    assert f"at step {resumed_at}" in job.output
+    reference = zero_runs[1].summary
+    assert job.summary["losses"] == pytest.approx(reference["losses"], rel=1e-6, abs=1e-6)
+    assert job.summary["param_norm"] == pytest.approx(reference["param_norm"], rel=1e-6)
+    print(f"crash at step {crash_step}, resumed at {resumed_at}: {crash_step - resumed_at} step(s) lost")
+
+
+def test_checkpoints_of_every_stage_convert_and_resume_on_one_rank(tmp_path, zero_runs, prepared_data):
+    """The shared 2-rank runs' step-5 checkpoints at ZeRO-0, 1, 2 and 3 → `dstk checkpoint convert` → one rank
+    with accumulation ×2 (the same global batch) for steps 6-10: every loss equals the uninterrupted 2-rank
+    run's to 1e-4. One-rank jobs use one core each: LAUNCH_SLOTS of them at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.cli import dstk
+
+    resumes = {}
+    for stage in range(4):  # in this process (so not in threads: dstk() redirects sys.stdout)
+        univ = tmp_path / f"univ{stage}"
+        ckpt = zero_runs[stage].run_dir.parent / f"ckpt{stage}"
+        r = dstk(
+            "checkpoint", "convert", "--checkpoint", str(ckpt), "--tag", "step00000005", "--out", str(univ)
+        )
+        assert r.code == 0, r.err
+        cfg1 = zero_config(tmp_path / f"one{stage}.json", stage, "--gpus-per-node", "1")
+        assert json.loads(cfg1.read_text())["gradient_accumulation_steps"] == 2
+        resumes[stage] = (
+            tmp_path / f"r{stage}",
+            cfg1,
+            train_args(prepared_data, STEPS, "--checkpoint-dir", str(univ), "--resume", "auto"),
+        )
+    with ThreadPoolExecutor(max_workers=LAUNCH_SLOTS) as pool:
+        futures = {stage: pool.submit(launch, *job, ranks=1) for stage, job in resumes.items()}
+        jobs = {stage: f.result() for stage, f in futures.items()}
+    for stage, job in jobs.items():
+        assert job.code == 0, (stage, job.output[-4000:])
+        assert "at step 5" in job.output, stage
+        straight = zero_runs[stage].summary["losses"]
+        assert job.summary["losses"][5:] == pytest.approx(straight[5:], rel=1e-4), stage
+
+
+def _stopped(run_dir, signum: int, cfg, args: list[str], logged: int) -> int:
+    """Start a 2-rank job (slowed from step 3 by its args, so the signal lands mid-run), send `signum` to the
+    `dstk launch` process once it has logged `logged` steps, as `kill`, systemd or SLURM would, and check what
+    must hold when it is over: the exit status, no process and no /dev/shm file of the job left, and a last
+    line naming a complete checkpoint. Returns that checkpoint's step."""
+    import glob
+    import os
+    import re
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    from tests.distributed import REPO, launch_command
+
+    cmd = launch_command(run_dir, cfg, args)
+    port = cmd[cmd.index("--master-port") + 1]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    metrics, deadline = run_dir / "metrics.jsonl", time.time() + 300
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= logged):
+        assert proc.poll() is None and time.time() < deadline, f"the job ended before {logged} logged steps"
+        time.sleep(0.1)
+    job = psutil.Process(proc.pid).children(recursive=True)
+    sent = time.time()
+    proc.send_signal(signum)
+    out, _ = proc.communicate(timeout=150)
+    print(f"{signal.Signals(signum).name}: stopped in {time.time() - sent:.1f} s")
+    assert proc.returncode == 128 + signum, out[-3000:]
+    assert [p.pid for p in job if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
+    assert glob.glob(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*") == []
+    said = re.search(r"the last complete checkpoint is (\S+) \(step (\d+)\); resume: (.*)", out)
+    assert said, out[-3000:]
+    step, tag = int(said[2]), said[1].rsplit("/", 1)[-1]
+    ckpt = Path(args[args.index("--checkpoint-dir") + 1])
+    assert 3 <= step < STEPS and json.loads((ckpt / tag / "dstk_manifest.json").read_text())["step"] == step
+    assert "--resume auto" in said[3]
+    return step
+
+
+def test_sigint_then_sigterm_to_launch_stop_the_job_at_checkpoints_it_resumes_from_exactly(
+    tmp_path, zero_runs, prepared_data, init_weights
+):
+    """SIGINT (a terminal's Ctrl-C, to the launch PID alone) stops the job; its resume is stopped by SIGTERM
+    (kill, systemd, CI cancellation, SLURM preemption); the second resume ends with the losses and weights of
+    the run that was never stopped (fp32, 1e-6): each stop saved a checkpoint that continues exactly."""
+    import signal
+
+    cfg = zero_config(tmp_path / "z1.json", 1)
+    ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt")]
+    slow = [*ckpt, "--save-every", "100", "--inject-fault", "3+:slow"]
+    init = ["--init-from", str(init_weights)]
+    first = _stopped(tmp_path / "a", signal.SIGINT, cfg, train_args(prepared_data, STEPS, *init, *slow), 3)
+    resume = ["--resume", "auto"]
+    second = _stopped(
+        tmp_path / "b", signal.SIGTERM, cfg, train_args(prepared_data, STEPS, *slow, *resume), 1
+    )
+    assert first < second
+    resumed = launch(tmp_path / "c", cfg, train_args(prepared_data, STEPS, *ckpt, *resume))
+    assert resumed.code == 0, resumed.output[-3000:]
+    assert f"at step {second}" in resumed.output
+    reference = zero_runs[1].summary
+    assert resumed.summary["losses"] == pytest.approx(reference["losses"], rel=1e-6, abs=1e-6)
+    assert resumed.summary["param_norm"] == pytest.approx(reference["param_norm"], rel=1e-6)
