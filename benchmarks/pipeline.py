@@ -20,7 +20,7 @@ last stage one plus the logits. Writes CSV, JSON, Markdown and a PNG to benchmar
 
 Usage: python benchmarks/pipeline.py [--quick] [--cluster C] [--m 1,2,4,8] [--micro-batch 2] [--steps 8]
                                      [--out-dir DIR]
-       (--quick: a 4-block hidden-128 GPT-2, m = 1, 2, 4, 4 steps each: a CI smoke run in 1–2 minutes;
+       (--quick: a 4-block hidden-128 GPT-2, m = 1, 4, 4 steps each: a CI smoke run in about a minute;
         --cluster: a cluster file or preset to predict against, default: `dstk calibrate` this machine first)
 """
 
@@ -194,14 +194,14 @@ def main() -> int:
     )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--cluster", help="cluster file or preset to predict against (default: calibrate)")
-    parser.add_argument("--m", help="comma-separated micro-batches per step (default 1,2,4,8; --quick 1,2,4)")
+    parser.add_argument("--m", help="comma-separated micro-batches per step (default 1,2,4,8; --quick 1,4)")
     parser.add_argument("--micro-batch", type=int, default=2, help="sequences per micro-batch (default 2)")
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default 8; --quick 4)")
     parser.add_argument(
         "--out-dir", type=Path, default=None, help="where to write (default benchmarks/results)"
     )
     args = parser.parse_args()
-    args.m = [int(x) for x in args.m.split(",")] if args.m else [1, 2, 4] if args.quick else [1, 2, 4, 8]
+    args.m = [int(x) for x in args.m.split(",")] if args.m else [1, 4] if args.quick else [1, 2, 4, 8]
     if len(args.m) < 2:
         parser.error("--m: the slot is a slope; give at least two micro-batch counts")
     args.steps = args.steps or (4 if args.quick else 8)

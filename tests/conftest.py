@@ -139,8 +139,9 @@ def zero_config(path: Path, stage: int, *extra: str) -> Path:
 
 @pytest.fixture(scope="session")
 def zero_runs(tmp_path_factory, prepared_data, init_weights):
-    """ZeRO stages 0-3 in fp32 from the same weights on the same data: 10 steps each, checkpointed at steps 5
-    and 10 (the step-5 checkpoints are where the resume and convert tests continue from)."""
+    """ZeRO stages 0-3 in fp32 from the same weights on the same data: 10 steps each, checkpointed
+    asynchronously at steps 5 and 10 (the step-5 checkpoints are where the resume and convert tests continue
+    from; the signal test's synchronous save continues to the same losses)."""
     from tests.distributed import launch
 
     def make(root: Path) -> dict[int, Any]:
@@ -159,6 +160,7 @@ def zero_runs(tmp_path_factory, prepared_data, init_weights):
                     str(root / f"ckpt{stage}"),
                     "--save-every",
                     "5",
+                    "--async-save",
                 ),
             )
             assert jobs[stage].code == 0, jobs[stage].output[-3000:]

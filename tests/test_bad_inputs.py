@@ -438,6 +438,36 @@ CASES: list[tuple[str, list[str], str]] = [
         r"--resume: needs --checkpoint-dir",
     ),
     (
+        "train-snapshots-need-a-checkpoint-dir",
+        [
+            "train",
+            "--model",
+            TINY,
+            "--config",
+            f"{BAD}/bad_batch.json",
+            "--steps",
+            "2",
+            "--snapshot-every",
+            "2",
+        ],
+        r"--snapshot-every: needs --checkpoint-dir",
+    ),
+    (
+        "train-negative-snapshot-interval",
+        [
+            "train",
+            "--model",
+            TINY,
+            "--config",
+            f"{BAD}/bad_batch.json",
+            "--steps",
+            "2",
+            "--snapshot-every",
+            "-1",
+        ],
+        r"--snapshot-every: must not be negative",
+    ),
+    (
         "train-init-from-missing",
         [
             "train",

@@ -21,6 +21,7 @@ def test_checkpoint_killed_mid_write_is_never_loaded(tmp_path, prepared_data, in
         str(tmp_path / "ckpt"),
         "--save-every",
         "2",
+        "--no-async-save",  # the synchronous path; the asynchronous one: tests/test_zero_runs.py
     ]
     dead = launch(
         tmp_path / "a", cfg, train_args(prepared_data, 6, *common, "--fault-after-save-shards", "4")

@@ -54,7 +54,7 @@ def test_two_stage_pipeline(tmp_path, prepared_data, init_weights) -> None:
         "--log-dir",
         str(tmp_path / "logs"),
     )
-    ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--save-every", "6"]
+    ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--save-every", "6", "--async-save"]
     straight = launch(
         tmp_path / "straight", cfg, train_args(prepared_data, 12, "--init-from", str(init_weights), *ckpt)
     )
@@ -62,7 +62,8 @@ def test_two_stage_pipeline(tmp_path, prepared_data, init_weights) -> None:
     losses = straight.summary["losses"]
     assert losses[0] == pytest.approx(_first_batch_loss(init_weights, prepared_data, 2, 8), rel=1e-5)
     assert losses[-1] < losses[0] - 0.3
-    # the step-6 checkpoint alone in a directory, as a run stopped after 6 steps leaves it, resumed to 12
+    # the (asynchronous) step-6 checkpoint alone in a directory, as a run stopped after 6 steps leaves it,
+    # resumed to 12
     shutil.copytree(tmp_path / "ckpt" / "step00000006", tmp_path / "half" / "step00000006")
     resume = ["--checkpoint-dir", str(tmp_path / "half"), "--resume", "auto"]
     resumed = launch(tmp_path / "b", cfg, train_args(prepared_data, 12, *resume))

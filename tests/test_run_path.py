@@ -32,7 +32,7 @@ def test_bf16_trains_with_accumulation_eval_and_export(tmp_path, prepared_data) 
         "--lr",
         "3e-3",
         "--train-steps",
-        "20",
+        "12",
         "--warmup-steps",
         "2",
         "--log-dir",
@@ -42,12 +42,12 @@ def test_bf16_trains_with_accumulation_eval_and_export(tmp_path, prepared_data) 
     job = launch(
         tmp_path / "run",
         cfg,
-        _train_args(prepared_data, 20, "--eval-every", "10", "--checkpoint-dir", str(tmp_path / "ckpt")),
+        _train_args(prepared_data, 12, "--eval-every", "6", "--checkpoint-dir", str(tmp_path / "ckpt")),
     )
     assert job.code == 0, job.output[-3000:]
     s = job.summary
     assert s["losses"][-1] < s["losses"][0] - 0.5
-    assert [e["step"] for e in s["evals"]] == [10, 20] and s["evals"][-1]["perplexity"] < s["evals"][0][
+    assert [e["step"] for e in s["evals"]] == [6, 12] and s["evals"][-1]["perplexity"] < s["evals"][0][
         "perplexity"
     ] * 1.5
     assert list((tmp_path / "logs" / "csv").rglob("*.csv")), "DeepSpeed's CSV monitor wrote nothing"

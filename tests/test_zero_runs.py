@@ -72,45 +72,72 @@ def test_resume_continues_exactly(tmp_path, zero_runs, prepared_data) -> None:
     assert resumed[5:] == pytest.approx(straight[5:], rel=1e-6, abs=1e-6)
 
 
-def test_killed_rank_restarts_and_matches_the_uninterrupted_run(
+def _restarted(job, tmp_path) -> None:
+    assert job.code == 0, job.output[-4000:]
+    log = tmp_path / "run" / "launch" / "launch_events.jsonl"
+    events = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [e["exit_code"] != 0 for e in events] == [True, False], events  # one failure, one restart
+
+
+def test_rank_killed_inside_an_asynchronous_persist_restarts_from_the_last_complete_one(
     tmp_path, zero_runs, prepared_data, init_weights
 ):
-    """SIGKILL one rank at a seeded pseudo-random step; dstk launch --max-restarts restarts the job, which resumes
-    from the last complete checkpoint and ends with the same losses and weights as a run that never failed."""
-    crash_step = random.Random(1234).randint(3, STEPS - 2)
+    """Asynchronous checkpoints every 2 steps; SIGKILL rank 1 inside the background write of the checkpoint
+    of a seeded step (after its first file is durable). dstk launch --max-restarts restarts the job: the
+    half-persisted checkpoint has no manifest and is skipped, the one before it loads, and the run ends with
+    the losses and weights of the run that never failed (fp32, 1e-6)."""
+    crash_step = 2 * random.Random(1234).randint(2, STEPS // 2 - 1)  # a save step: 4, 6 or 8
     cfg = zero_config(tmp_path / "z1.json", 1)
+    ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--save-every", "2", "--async-save"]
+    crash = ["--crash-at-step", str(crash_step), "--crash-during", "persist", "--crash-rank", "1"]
     job = launch(
         tmp_path / "run",
         cfg,
-        train_args(
-            prepared_data,
-            STEPS,
-            "--init-from",
-            str(init_weights),
-            "--checkpoint-dir",
-            str(tmp_path / "ckpt"),
-            "--save-every",
-            "2",
-            "--crash-at-step",
-            str(crash_step),
-            "--crash-rank",
-            "1",
-        ),
-        launch_args=["--max-restarts", "2"],
+        train_args(prepared_data, STEPS, "--init-from", str(init_weights), *ckpt, *crash),
+        launch_args=["--max-restarts", "1"],
     )
-    assert job.code == 0, job.output[-4000:]
-    events = [
-        json.loads(x) for x in (tmp_path / "run" / "launch" / "launch_events.jsonl").read_text().splitlines()
-    ]
-    assert [e["exit_code"] != 0 for e in events] == [True, False], (
-        events
-    )  # one failure, one successful restart
-    resumed_at = 2 * (crash_step // 2)
-    assert f"at step {resumed_at}" in job.output
+    _restarted(job, tmp_path)
+    assert f"step{crash_step:08d}: skipped, no manifest" in job.output
+    assert f"at step {crash_step - 2}" in job.output
     reference = zero_runs[1].summary
     assert job.summary["losses"] == pytest.approx(reference["losses"], rel=1e-6, abs=1e-6)
     assert job.summary["param_norm"] == pytest.approx(reference["param_norm"], rel=1e-6)
-    print(f"crash at step {crash_step}, resumed at {resumed_at}: {crash_step - resumed_at} step(s) lost")
+    stalls = job.summary["checkpoints"]["disk"]
+    assert job.summary["checkpoints"]["asynchronous"] and len(stalls["persist_s"]) == len(stalls["stall_s"])
+
+
+def test_rank_killed_after_a_shared_memory_snapshot_resumes_from_it(
+    tmp_path, zero_runs, prepared_data, init_weights
+):
+    """Asynchronous checkpoints every 4 steps, shared-memory snapshots every step; SIGKILL rank 0 right after
+    the step-6 snapshot is complete. The restart resumes from that snapshot (no step lost, where the disk tier
+    alone would lose 2) and says so; the run ends with the uninterrupted run's losses (fp32, 1e-6), and its
+    snapshots leave /dev/shm once the final checkpoint is on disk."""
+    from toolkit.run.checkpoint import memory_tier
+
+    cfg = zero_config(tmp_path / "z2.json", 2)
+    ckpt = tmp_path / "ckpt"
+    tiers = ["--checkpoint-dir", str(ckpt), "--save-every", "4", "--async-save", "--snapshot-every", "1"]
+    crash = ["--crash-at-step", "6", "--crash-during", "after-snapshot", "--crash-rank", "0"]
+    job = launch(
+        tmp_path / "run",
+        cfg,
+        train_args(prepared_data, STEPS, "--init-from", str(init_weights), *tiers, *crash),
+        launch_args=["--max-restarts", "1"],
+    )
+    _restarted(job, tmp_path)
+    snapshot = memory_tier(ckpt) / "step00000006"
+    assert (
+        f"resumed from the shared-memory snapshot {snapshot}; newest disk checkpoint: step00000004"
+        in job.output
+    )
+    assert "at step 6" in job.output
+    reference = zero_runs[2].summary
+    assert job.summary["losses"] == pytest.approx(reference["losses"], rel=1e-6, abs=1e-6)
+    assert job.summary["param_norm"] == pytest.approx(reference["param_norm"], rel=1e-6)
+    assert not memory_tier(ckpt).exists()
+    memory = job.summary["checkpoints"]["memory"]
+    assert memory["stall_s"] and all(s >= 0 for s in memory["stall_s"])
 
 
 def test_checkpoints_of_every_stage_convert_and_resume_on_one_rank(tmp_path, zero_runs, prepared_data):
@@ -191,14 +218,16 @@ def test_sigint_then_sigterm_to_launch_stop_the_job_at_checkpoints_it_resumes_fr
 ):
     """SIGINT (a terminal's Ctrl-C, to the launch PID alone) stops the job; its resume is stopped by SIGTERM
     (kill, systemd, CI cancellation, SLURM preemption); the second resume ends with the losses and weights of
-    the run that was never stopped (fp32, 1e-6): each stop saved a checkpoint that continues exactly."""
+    the run that was never stopped (fp32, 1e-6): each stop saved a checkpoint that continues exactly — the
+    first synchronously, the second asynchronously (persisted before the job exits)."""
     import signal
 
     cfg = zero_config(tmp_path / "z1.json", 1)
     ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt")]
     slow = [*ckpt, "--save-every", "100", "--inject-fault", "3+:slow"]
     init = ["--init-from", str(init_weights)]
-    first = _stopped(tmp_path / "a", signal.SIGINT, cfg, train_args(prepared_data, STEPS, *init, *slow), 3)
+    sync = [*init, *slow, "--no-async-save"]  # the first stop saves synchronously, the second asynchronously
+    first = _stopped(tmp_path / "a", signal.SIGINT, cfg, train_args(prepared_data, STEPS, *sync), 3)
     resume = ["--resume", "auto"]
     second = _stopped(
         tmp_path / "b", signal.SIGTERM, cfg, train_args(prepared_data, STEPS, *slow, *resume), 1

@@ -23,7 +23,7 @@ HEADER = """\
 # block's host cost per micro-batch over its kernels; step_overhead_ms: the engine's fixed cost per step;
 # optimizer_ns_per_param (CPU): DeepSpeed's optimizer step per updated parameter, ZeRO-0 (replicated) and
 # ZeRO-1/2/3 (partitioned); framework_overhead_gib: RSS after imports, process-group set-up and a tiny
-# model's training steps.
+# model's training steps; storage_gb_per_s: write + fsync + SHA-256 at --checkpoint-path, a save's cost.
 """
 
 
@@ -34,6 +34,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", default="calibrated", help="cluster name in the written file")
     parser.add_argument(
         "--nvme-path", type=Path, metavar="DIR", help="also measure write/read bandwidth here"
+    )
+    parser.add_argument(
+        "--checkpoint-path",
+        type=Path,
+        default=Path("."),
+        metavar="DIR",
+        help="where checkpoints will go: write + fsync + SHA-256 of 64 MB there prices each save "
+        "(storage_gb_per_s; default: the current directory)",
     )
     parser.add_argument(
         "-o",
@@ -66,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--ranks: {args.ranks} must be in 1 .. 1024")
     if args.nvme_path is not None and not args.nvme_path.is_dir():
         raise UserError(f"--nvme-path: {args.nvme_path} is not a directory")
+    if not args.checkpoint_path.is_dir():
+        raise UserError(f"--checkpoint-path: {args.checkpoint_path} is not a directory")
     host = detect(ranks=args.ranks, use_cache=False)
     ranks = args.ranks or host.cluster["gpus_per_node"]
     cached = calibration_path(host.fingerprint)
@@ -76,13 +86,14 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     from toolkit.plan.calibration import cluster_description
-    from toolkit.run.calibrate import measure
+    from toolkit.run.calibrate import measure, storage_gb_per_s
 
     what = host.hardware.get("gpu") or host.hardware.get("cpu")
     start = time.monotonic()
     print(f"calibrating {what} with {ranks} ranks ...", flush=True)
     results = measure(ranks, str(args.nvme_path) if args.nvme_path else None)
     desc = cluster_description(results, args.name)
+    desc["storage_gb_per_s"] = round(storage_gb_per_s(args.checkpoint_path), 3)
     build(ClusterSpec, desc, "calibration")  # what we write must load
     took = time.monotonic() - start
     text = (

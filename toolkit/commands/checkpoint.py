@@ -1,4 +1,7 @@
-"""`dstk checkpoint convert`: turn a complete checkpoint into DeepSpeed's universal format, so a run can resume
+"""`dstk checkpoint ls`: the checkpoints of a directory and its shared-memory snapshots (toolkit.run.tiers) —
+tier, step, complete or why not, size — newest first, the one `--resume auto` loads marked.
+
+`dstk checkpoint convert`: turn a complete checkpoint into DeepSpeed's universal format, so a run can resume
 on a different number of ranks (`dstk train --checkpoint-dir OUT --resume auto` with a config for the new
 world size; dstk switches `checkpoint.load_universal` on by itself)."""
 
@@ -22,13 +25,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     conv.add_argument("--tag", metavar="TAG", help="checkpoint to convert (default: the newest complete one)")
     conv.add_argument("--out", type=Path, required=True, metavar="DIR", help="new checkpoint directory")
+    ls = sub.add_parser("ls", help="checkpoints and shared-memory snapshots: tier, step, completeness, size")
+    ls.add_argument(
+        "--checkpoint", type=Path, required=True, metavar="DIR", help="dstk train --checkpoint-dir"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.checkpoint_verb == "ls":
+        return _ls(args.checkpoint)
     from toolkit.run.universal import convert
 
     tag_dir = convert(args.checkpoint, args.out, args.tag)
     print(
         f"wrote {tag_dir} (universal); resume with: dstk train ... --checkpoint-dir {args.out} --resume auto"
     )
+    return 0
+
+
+def _ls(ckpt_dir: Path) -> int:
+    """One line per checkpoint directory of both tiers (sizes and manifests only: no hashing, no torch)."""
+    import json
+
+    from toolkit.errors import UserError
+    from toolkit.run.checkpoint import MANIFEST, check, memory_tier, newest_complete
+
+    tiers = [("disk", ckpt_dir), ("memory", memory_tier(ckpt_dir))]
+    if not ckpt_dir.is_dir() and not tiers[1][1].is_dir():
+        raise UserError(f"--checkpoint: {ckpt_dir} is not a directory")
+    newest = newest_complete(ckpt_dir, verify_hashes=False)
+    loads = newest[0][0] / newest[0][1] if newest else None
+    rows = []
+    for tier, where in tiers:
+        if not where.is_dir():
+            continue
+        for tag_dir in sorted(p for p in where.iterdir() if p.is_dir() and p.name.startswith("step")):
+            problem = check(tag_dir, verify_hashes=False)
+            size = sum(p.stat().st_size for p in tag_dir.rglob("*") if p.is_file())
+            universal = not problem and json.loads((tag_dir / MANIFEST).read_text()).get("universal")
+            flags = " (universal)" if universal else ""
+            state = f"incomplete: {problem}" if problem else f"complete{flags}"
+            mark = "  <- --resume auto" if tag_dir == loads else ""
+            rows.append((tag_dir.name, tier, f"{tier:<6}  {tag_dir}  {size / 2**20:9.1f} MiB  {state}{mark}"))
+    if not rows:
+        print(f"no checkpoints in {ckpt_dir} (nor shared-memory snapshots of it)")
+        return 0
+    for _, _, line in sorted(rows, reverse=True):
+        print(line)
     return 0

@@ -251,9 +251,9 @@ def _say_where_it_stopped(signum: int, program: list[str]) -> None:
     if "--resume" not in again:
         again += ([] if "--" in again else ["--"]) + ["--resume", "auto"]
     if newest is not None:
-        tag, step = newest["tag"], newest["step"]
+        where, step = newest["where"], newest["step"]
         print(
-            f"dstk launch: stopped by {name}; the last complete checkpoint is {ckpt / tag} (step {step}); "
+            f"dstk launch: stopped by {name}; the last complete checkpoint is {where} (step {step}); "
             f"resume: {shlex.join(again)}",
             file=sys.stderr,
         )

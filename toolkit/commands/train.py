@@ -45,6 +45,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--keep-last", type=int, default=3, metavar="K", help="complete checkpoints to keep")
     parser.add_argument(
+        "--async-save",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="copy each checkpoint to host memory and persist it in a background thread while training goes "
+        "on (default: the config's plan; synchronous for a config without one)",
+    )
+    parser.add_argument(
+        "--snapshot-every",
+        type=int,
+        default=None,
+        metavar="K",
+        help="also snapshot the state into shared memory (/dev/shm, this node) every K steps; a restart "
+        "takes the newest of snapshots and checkpoints (default: the config's plan, else 0 = none)",
+    )
+    parser.add_argument(
         "--resume",
         default="never",
         metavar="auto|never|TAG",
@@ -84,6 +99,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fault-after-save-shards", type=int, metavar="STEP", help=argparse.SUPPRESS)
     parser.add_argument("--crash-at-step", type=int, metavar="STEP", help=argparse.SUPPRESS)
     parser.add_argument("--crash-rank", type=int, default=0, metavar="RANK", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--crash-during",
+        choices=("step", "persist", "after-snapshot"),
+        default="step",
+        help=argparse.SUPPRESS,
+    )
     parser.add_argument(
         "--inject-fault", action="append", metavar="STEP[+]:nan|spike", help=argparse.SUPPRESS
     )
@@ -236,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
     if args.save_every is None:
         planned = block.checkpoint_interval_steps
         args.save_every = min(planned, steps) if args.checkpoint_dir else 0
+    async_save, snapshot_every = _checkpoint_tiers(args, block)
     for flag in ("save_every", "keep_last", "eval_every", "eval_rows", "log_every"):
         if getattr(args, flag) < 0:
             raise UserError(f"--{flag.replace('_', '-')}: must not be negative")
@@ -279,6 +301,9 @@ def run(args: argparse.Namespace) -> int:
         fault_after_first_shard_at=args.fault_after_save_shards,
         crash_at_step=args.crash_at_step,
         crash_rank=args.crash_rank,
+        crash_during=args.crash_during,
+        async_save=async_save,
+        snapshot_every=snapshot_every,
         guard=guard,
         faults=faults,
         batching=_batching_options(args, config),
@@ -317,3 +342,27 @@ def _lora(flag: str | None, planned: str | None) -> str | None:
     if given and planned and given != planned:
         raise UserError(f"--lora: {given} disagrees with the config's plan ({planned}); drop one")
     return given or planned
+
+
+def _checkpoint_tiers(args: argparse.Namespace, block: Any) -> tuple[bool, int]:
+    """(asynchronous saves, shared-memory snapshot interval) from the flags, else the config's plan."""
+    import os
+
+    from toolkit.errors import UserError
+
+    planned = block.checkpoint
+    async_save = args.async_save if args.async_save is not None else planned.asynchronous
+    every = args.snapshot_every if args.snapshot_every is not None else planned.snapshot_interval_steps
+    if every < 0:
+        raise UserError("--snapshot-every: must not be negative")
+    if every and args.checkpoint_dir is None:
+        raise UserError("--snapshot-every: needs --checkpoint-dir (the snapshots are named after it)")
+    nodes = int(os.environ.get("CROSS_SIZE", "1"))  # set by DeepSpeed's launch.py on every rank
+    if every and nodes > 1:
+        raise UserError(
+            f"--snapshot-every: shared-memory snapshots are node-local and this job spans {nodes} nodes; "
+            "use --save-every (and --async-save) for multi-node jobs"
+        )
+    if every and not os.path.isdir("/dev/shm"):
+        raise UserError("--snapshot-every: this host has no /dev/shm")
+    return bool(async_save), every

@@ -208,14 +208,18 @@ def build_ds_config(
         **_optimizer_blocks(model, cluster, layout, opts),
         **_logging_blocks(opts),
     }
-    from toolkit.plan.checkpoint_interval import checkpoint_plan
+    from toolkit.plan.checkpoint_interval import plan_for
     from toolkit.plan.cost.estimate import estimate
 
-    ckpt = checkpoint_plan(model, cluster, layout, estimate(model, cluster, layout).time.total_s)
+    ckpt = plan_for(estimate(model, cluster, layout))
     cfg[DSTK_KEY] = {
         "model": model.name,
         "layout": layout.model_dump(),
         "checkpoint_interval_steps": ckpt.interval_steps,
+        "checkpoint": {
+            "asynchronous": ckpt.asynchronous,
+            "snapshot_interval_steps": ckpt.snapshot_interval_steps,
+        },
         **cfg.get(DSTK_KEY, {}),
     }
     if layout.tp > 1:

@@ -68,6 +68,18 @@ class ZeroOneAdamSpec(BaseModel):
 DstkOptimizer = Annotated[OneBitAdamSpec | ZeroOneAdamSpec, Field(discriminator="type")]
 
 
+class CheckpointTiers(BaseModel):
+    """How `dstk train` checkpoints by default (toolkit.run.tiers): asynchronous persists and the interval of
+    shared-memory snapshots, from the planner (toolkit.plan.checkpoint_interval)."""
+
+    model_config = _STRICT
+
+    asynchronous: bool = False
+    """Copy to host memory, persist in a writer thread (`dstk train --async-save`)."""
+    snapshot_interval_steps: int = Field(default=0, ge=0)
+    """Shared-memory snapshots every K steps (`dstk train --snapshot-every`); 0: none."""
+
+
 class DstkBlock(BaseModel):
     """What `dstk config` writes under the config's `dstk` key."""
 
@@ -79,6 +91,8 @@ class DstkBlock(BaseModel):
     """The resolved layout, every field explicit."""
     checkpoint_interval_steps: int = Field(default=0, ge=0)
     """The planner's Young/Daly checkpoint interval, the default of `dstk train --save-every`."""
+    checkpoint: CheckpointTiers = Field(default_factory=CheckpointTiers)
+    """The planned checkpoint tiers; absent: synchronous checkpoints only."""
     optimizer: DstkOptimizer | None = None
     """dstk's 1-bit Adam / 0/1 Adam (DeepSpeed 0.19.7 removed its own), built by toolkit.parallel.onebit."""
 

@@ -1,10 +1,24 @@
-"""Checkpoint cost and the checkpoint interval that minimises expected lost time (pure).
+"""Checkpoint cost, the checkpoint tiers and their intervals that minimise expected lost time (pure).
 
 A DeepSpeed checkpoint holds the module weights in the training dtype and the optimizer's fp32 state: 2Ψ +
 12Ψ bytes in mixed precision (16-bit weights; fp32 master, m, v), 4Ψ + 8Ψ in fp32 at ZeRO-0 and 4Ψ + 12Ψ at
 ZeRO ≥ 1 (whose fp32 partition is saved beside the weights). All nodes write in parallel at
 `storage_gb_per_s` each. With a job-level MTBF M (node MTBF / nodes) and a write time δ, the interval that
 minimises expected waste is Daly's (2006) refinement of Young's (1974) τ = √(2δM): τ = √(2δM) − δ, for δ < M/2.
+
+Asynchronous saves (toolkit.run.async_ckpt; CheckFreq, Mohan et al., FAST '21) stall training only for the
+copy of the node's share to host memory, δₐ = bytes per node / copy bandwidth (each GPU's PCIe link, bounded
+by half the host memory bandwidth, a copy reading and writing it; on CPU that half alone), while the write (δ
+above) goes on in the background: the next save waits for it, so τ ≥ δ, and a failure redoes τ/2 plus the δ
+during which the newest checkpoint was not yet complete. First order (Young): τₐ = √(2δₐM), waste
+δₐ/τₐ + (τₐ/2 + δ)/M.
+
+Shared-memory snapshots (toolkit.run.tiers; Gemini, Wang et al., SOSP '23, keeps them in CPU memory) cost the
+same stall and survive the failures that leave the node up — a fraction f of them; the others need the disk
+tier. Minimising δₐ/τₘ + δₐ/τ_d + fτₘ/(2M) + (1−f)(τ_d/2 + δ)/M term by term gives τₘ = √(2δₐM/f) and
+τ_d = √(2δₐM/(1−f)) (no shorter than δ or τₘ). dstk's snapshots are node-local, so single-node jobs only.
+Either needs host memory for one snapshot per tier beside what offloaded states take; where it does not fit,
+saves stay synchronous.
 """
 
 from __future__ import annotations
@@ -12,9 +26,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from toolkit.plan.cost.estimate import HOST_USABLE, Estimate
+from toolkit.plan.cost.memory import GIB
 from toolkit.plan.layout import Layout
 from toolkit.plan.params import count_params
 from toolkit.plan.specs import ClusterSpec, ModelSpec
+
+MEMORY_RECOVERABLE = 0.23
+"""Share of job interruptions that leave the nodes and their memory up, so a shared-memory snapshot recovers
+them: software bugs (12.9 %), network switches and cables (8.4 %) and NCCL watchdog timeouts (1.7 %) of Llama
+3's 419 unexpected interruptions (Dubey et al. 2024, Table 5); the GPU, memory and host failures that make up
+most of the rest take the node down or out of the job."""
 
 
 @dataclass(frozen=True)
@@ -24,8 +46,23 @@ class CheckpointPlan:
     job_mtbf_s: float
     interval_s: float
     interval_steps: int
+    """The disk tier's interval in steps, of the scheme chosen (`asynchronous`)."""
     expected_waste: float
-    """Fraction of wall time lost to writing checkpoints and redoing work after failures."""
+    """Fraction of wall time lost to writing checkpoints and redoing work after failures (chosen scheme)."""
+    sync_interval_steps: int = 0
+    sync_waste: float = 0.0
+    snapshot_s: float = 0.0
+    """Training stall of one asynchronous save or shared-memory snapshot: the copy to host memory."""
+    asynchronous: bool = False
+    """The host holds a snapshot per tier beside the offloaded states: saves are asynchronous."""
+    snapshot_interval_steps: int = 0
+    """Shared-memory snapshots every K steps (0: none — multi-node, or synchronous saves)."""
+    snapshot_host_bytes: float = 0.0
+    """Host memory per node the snapshots in flight need (one per tier)."""
+    tiered_snapshot_steps: int = 0
+    tiered_waste: float = 0.0
+    """The shared-memory tier's best interval and the waste with it, whether chosen or not (0: not possible —
+    several nodes, or no host memory for a second snapshot)."""
 
     def to_dict(self) -> dict[str, float]:
         return dict(self.__dict__)
@@ -45,22 +82,117 @@ def optimal_interval_s(write_s: float, mtbf_s: float) -> float:
     return math.sqrt(2 * write_s * mtbf_s) - write_s
 
 
+def _steps(seconds: float, step_time_s: float) -> int:
+    return max(1, round(seconds / step_time_s))
+
+
 def checkpoint_plan(
-    model: ModelSpec, cluster: ClusterSpec, layout: Layout, step_time_s: float
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    layout: Layout,
+    step_time_s: float,
+    host_bytes_per_node: float = 0.0,
 ) -> CheckpointPlan:
+    """The checkpoint scheme for this layout; `host_bytes_per_node`: host memory the layout already takes
+    (offloaded states), which the snapshots must fit beside."""
     size = checkpoint_bytes(model, layout)
-    write_s = size / (cluster.nodes * cluster.storage_gb_per_s * 1e9)
+    per_node = size / cluster.nodes
+    write_s = per_node / (cluster.storage_gb_per_s * 1e9)
     mtbf_s = cluster.node_mtbf_hours * 3600 / cluster.nodes
-    interval = optimal_interval_s(write_s, mtbf_s)
-    steps = max(1, round(interval / step_time_s))
+    steps = _steps(optimal_interval_s(write_s, mtbf_s), step_time_s)
     tau = steps * step_time_s
-    # waste per interval: the write itself, plus on failure (probability ~ tau/M) half an interval redone
-    waste = write_s / (tau + write_s) + (tau + write_s) / (2 * mtbf_s)
+    # waste per interval: the write itself, plus on failure (probability ~ tau/M) half an interval redone and
+    # the checkpoint read back (at the write bandwidth)
+    sync_waste = min(write_s / (tau + write_s) + (tau + write_s) / (2 * mtbf_s) + write_s / mtbf_s, 1.0)
+    host_gb_per_s = cluster.cpu_memory_gb_per_s / 2  # a copy reads and writes host memory
+    if cluster.accelerator != "cpu":
+        host_gb_per_s = min(host_gb_per_s, cluster.gpus_per_node * cluster.pcie_gb_per_s)
+    snapshot_s = per_node / (host_gb_per_s * 1e9)
+    sync = CheckpointPlan(size, write_s, mtbf_s, tau, steps, sync_waste, steps, sync_waste, snapshot_s)
+    usable = HOST_USABLE * cluster.cpu_memory_gib * GIB - host_bytes_per_node
+    if per_node > usable:
+        return sync
+    options = [_tiers(snapshot_s, write_s, mtbf_s, 0.0, step_time_s)]
+    if cluster.nodes == 1 and 2 * per_node <= usable:  # node-local snapshots; one in flight per tier
+        options.append(_tiers(snapshot_s, write_s, mtbf_s, MEMORY_RECOVERABLE, step_time_s))
+    waste, disk_steps, snap_steps = min(options)
+    tiered = options[1] if len(options) > 1 else (0.0, 0, 0)
     return CheckpointPlan(
         bytes=size,
         write_s=write_s,
         job_mtbf_s=mtbf_s,
-        interval_s=tau,
-        interval_steps=steps,
+        interval_s=disk_steps * step_time_s,
+        interval_steps=disk_steps,
         expected_waste=min(waste, 1.0),
+        sync_interval_steps=steps,
+        sync_waste=sync_waste,
+        snapshot_s=snapshot_s,
+        asynchronous=True,
+        snapshot_interval_steps=snap_steps,
+        snapshot_host_bytes=per_node * (2 if snap_steps else 1),
+        tiered_snapshot_steps=tiered[2],
+        tiered_waste=tiered[0],
     )
+
+
+def _tiers(
+    stall_s: float, write_s: float, mtbf_s: float, f: float, step_time_s: float
+) -> tuple[float, int, int]:
+    """(waste, disk steps, snapshot steps) of asynchronous saves with a shared-memory tier recovering a
+    fraction f of failures (f = 0: none). The tier pays when the disk interval is held up by a slow persist
+    (τ_d = δ) or read-back dominates; otherwise its extra stalls cost more than it saves."""
+    disk_steps = _steps(max(math.sqrt(2 * stall_s * mtbf_s / (1 - f)), write_s), step_time_s)
+    tau_d = disk_steps * step_time_s
+    # a failure the disk tier recovers redoes half an interval, the persist lag and the read-back
+    waste = stall_s / tau_d + (1 - f) * (tau_d / 2 + 2 * write_s) / mtbf_s
+    if f == 0:
+        return waste, disk_steps, 0
+    snap_steps = _steps(math.sqrt(2 * stall_s * mtbf_s / f), step_time_s)
+    if snap_steps >= disk_steps:  # no more often than the disk tier: it adds stalls and saves nothing
+        return math.inf, disk_steps, snap_steps
+    tau_m = snap_steps * step_time_s
+    return waste + stall_s / tau_m + f * (tau_m / 2 + stall_s) / mtbf_s, disk_steps, snap_steps
+
+
+def plan_for(est: Estimate) -> CheckpointPlan:
+    """The checkpoint scheme of an estimated layout: its snapshots must fit beside the host memory it takes —
+    offloaded states, and on the CPU accelerator the ranks' whole memory, which is host memory too."""
+    in_use = est.memory.cpu_per_node
+    if est.cluster.accelerator == "cpu":
+        in_use += est.memory.total * est.cluster.gpus_per_node
+    return checkpoint_plan(est.model, est.cluster, est.layout, est.time.total_s, in_use)
+
+
+def checkpoint_lines(ckpt: CheckpointPlan, cluster: ClusterSpec) -> list[str]:
+    """The plan explanation's checkpoint lines: the synchronous scheme, and the tiers chosen when they fit."""
+    sync = (
+        f"Checkpoints: {ckpt.bytes / 1e9:,.1f} GB each, {ckpt.write_s:.3g} s to write at "
+        f"{cluster.storage_gb_per_s:g} GB/s per node; job MTBF {ckpt.job_mtbf_s / 3600:.3g} h. Synchronous: "
+        f"save every {ckpt.sync_interval_steps} steps (Young/Daly), {ckpt.sync_waste:.2%} of the time lost to "
+        "saving and redoing work."
+    )
+    if not ckpt.asynchronous:
+        return [sync + " Saves stay synchronous: the host has no room for a snapshot beside what it holds."]
+    tiers = f"disk every {ckpt.interval_steps} steps"
+    if ckpt.snapshot_interval_steps:
+        tiers += f", shared-memory snapshot every {ckpt.snapshot_interval_steps} steps (--snapshot-every)"
+    lines = [
+        sync,
+        f"Asynchronous (dstk train --async-save): each save stalls training {ckpt.snapshot_s:.3g} s (the copy "
+        f"to host memory, {ckpt.snapshot_host_bytes / 1e9:,.1f} GB per node in flight) and persists in the "
+        f"background; {tiers}: {ckpt.expected_waste:.2%} of the time lost.",
+    ]
+    if not ckpt.snapshot_interval_steps:
+        recovers = f"it recovers the {MEMORY_RECOVERABLE:.0%} of failures that leave the node up"
+        lines.append(
+            f"No shared-memory tier: its best interval ({ckpt.tiered_snapshot_steps} steps; {recovers}) is no "
+            "shorter than the disk tier's."
+            if ckpt.tiered_snapshot_steps and math.isinf(ckpt.tiered_waste)
+            else f"No shared-memory tier: at its best interval ({ckpt.tiered_snapshot_steps} steps; {recovers}) "
+            f"it would lose {ckpt.tiered_waste:.2%}."
+            if ckpt.tiered_snapshot_steps
+            else "No shared-memory tier: its snapshots are node-local and this job spans several nodes."
+            if cluster.nodes > 1
+            else "No shared-memory tier: the host has no room for a second snapshot."
+        )
+    return lines

@@ -18,7 +18,7 @@ from typing import Any
 
 from toolkit.errors import UserError
 from toolkit.plan import recipes
-from toolkit.plan.checkpoint_interval import CheckpointPlan, checkpoint_plan
+from toolkit.plan.checkpoint_interval import CheckpointPlan, checkpoint_lines, plan_for
 from toolkit.plan.cost.estimate import Estimate, estimate, estimate_memory, host_fits, nvme_fits
 from toolkit.plan.cost.memory import GIB
 from toolkit.plan.layout import Layout, LayoutRequest, data_parallel_size, default_precision, precision_reason
@@ -279,15 +279,9 @@ def plan(model: ModelSpec, cluster: ClusterSpec, query: PlanQuery | None = None)
     best = _pick(search.fitting)
     alternatives = _counterfactuals(best, search)
     assert best.estimate is not None
-    ckpt = checkpoint_plan(model, cluster, best.layout, best.estimate.time.total_s)
+    ckpt = plan_for(best.estimate)
     explanation = _explain(best, alternatives, search)
-    explanation.insert(
-        3,
-        f"Checkpoints: {ckpt.bytes / 1e9:,.1f} GB each, {ckpt.write_s:.3g} s to write at "
-        f"{cluster.storage_gb_per_s:g} GB/s per node; job MTBF {ckpt.job_mtbf_s / 3600:.3g} h, so save every "
-        f"{ckpt.interval_steps} steps ({ckpt.interval_s / 60:.3g} min, Young/Daly): "
-        f"{ckpt.expected_waste:.2%} of the time lost to saving and redoing work.",
-    )
+    explanation[3:3] = checkpoint_lines(ckpt, cluster)
     return Plan(
         best=best,
         explanation=explanation,

@@ -60,6 +60,11 @@ def print_estimate(est: Estimate, title: str | None = None) -> None:
         mem.add_row("host memory per node (offload)", human_bytes(m.cpu_per_node))
     if m.nvme_per_node:
         mem.add_row("NVMe per node (offload)", human_bytes(m.nvme_per_node))
+    from toolkit.plan.checkpoint_interval import plan_for
+
+    ckpt = plan_for(est)  # asynchronous saves hold a host copy per tier in flight, when it fits
+    snapshot = human_bytes(ckpt.snapshot_host_bytes) if ckpt.asynchronous else "no room: saves synchronous"
+    mem.add_row("host memory per node (checkpoint snapshots)", snapshot)
     console.print(mem)
     tt = Table(title="Step time", show_header=True)
     tt.add_column("part")

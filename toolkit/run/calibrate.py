@@ -6,8 +6,9 @@ one core): dense matmul throughput at bf16 and fp32 for large GEMMs (the peak) a
 (the efficiency), memory bandwidth (copy), the host cost of one eager op, the bus bandwidth and latency of
 all-reduce / all-gather / reduce-scatter / all-to-all between the ranks (alpha-beta fit over message sizes,
 in bf16, the dtype training communicates), DeepSpeed's optimizer step per parameter on the CPU accelerator,
-host↔device copy bandwidth, optional NVMe write/read bandwidth, and the memory a rank holds once torch,
-DeepSpeed and transformers are imported and the process group is up.
+host↔device copy bandwidth, optional NVMe write/read bandwidth, the memory a rank holds once torch,
+DeepSpeed and transformers are imported and the process group is up, and (`storage_gb_per_s`, in the calling
+process) what writing a checkpoint costs where it goes.
 """
 
 from __future__ import annotations
@@ -174,6 +175,25 @@ def _nvme_gb_per_s(path: Path, mbytes: int = 256) -> float:
             pass
         read = mbytes / 1e3 / (time.perf_counter() - t)
     return 2 / (1 / write + 1 / read)
+
+
+def storage_gb_per_s(path: Path, mbytes: int = 64) -> float:
+    """What a synchronous dstk checkpoint costs per byte where it is written: write, fsync, then the SHA-256
+    its manifest records (toolkit.run.checkpoint) — the rate `storage_gb_per_s` prices saves with."""
+    import hashlib
+
+    data = os.urandom(1 << 20)
+    with tempfile.NamedTemporaryFile(dir=path, prefix=".dstk-calibrate-", delete=True) as f:
+        t = time.perf_counter()
+        for _ in range(mbytes):
+            f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+        f.seek(0)
+        h = hashlib.sha256()
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+        return mbytes * (1 << 20) / 1e9 / (time.perf_counter() - t)
 
 
 def _worker(rank: int, world: int, port: int, nvme: str | None, queue: Any) -> None:

@@ -108,6 +108,23 @@ def complete_tags(ckpt_dir: Path, log: Any = None, verify_hashes: bool = True) -
     return out
 
 
+def memory_tier(ckpt_dir: Path) -> Path:
+    """Where the shared-memory snapshots of checkpoint directory `ckpt_dir` live on this node: /dev/shm, named
+    after the directory, so a restarted job finds them. They survive a rank's crash, not the node's."""
+    import hashlib as _h
+
+    key = _h.sha1(str(Path(ckpt_dir).resolve()).encode()).hexdigest()[:12]
+    return Path("/dev/shm") / f"dstk-{os.getuid()}-{key}"
+
+
+def newest_complete(ckpt_dir: Path, log: Any = None, verify_hashes: bool = True) -> list[tuple[Path, str]]:
+    """Complete checkpoints of both tiers, newest first, as (directory, tag); at the same step the persisted
+    one comes first."""
+    found = [(Path(ckpt_dir), t) for t in complete_tags(Path(ckpt_dir), log, verify_hashes)]
+    found += [(memory_tier(ckpt_dir), t) for t in complete_tags(memory_tier(ckpt_dir), log, verify_hashes)]
+    return sorted(found, key=lambda d_t: (d_t[1], d_t[0] == Path(ckpt_dir)), reverse=True)
+
+
 def prune(ckpt_dir: Path, keep: int) -> None:
     """Keep the newest `keep` complete checkpoints; drop older ones and incomplete leftovers older than them."""
     tags = complete_tags(ckpt_dir)
@@ -122,10 +139,42 @@ def prune(ckpt_dir: Path, keep: int) -> None:
 
 
 class Checkpointer:
-    """Save and restore a DeepSpeed engine together with dstk's training position."""
+    """Save and restore a DeepSpeed engine together with dstk's training position.
 
-    def __init__(self, ckpt_dir: Path, rank: int, keep: int = 3, log: Any = print) -> None:
+    `asynchronous`: `save` returns once the state is copied to host memory; a writer thread persists it and
+    rank 0's writer commits the manifest when every rank's files are durable (toolkit.run.async_ckpt).
+    `stalls` records the seconds each save held the training thread, `waits` those spent waiting for the
+    previous save to persist first."""
+
+    def __init__(
+        self, ckpt_dir: Path, rank: int, keep: int = 3, log: Any = print, asynchronous: bool = False
+    ) -> None:
         self.dir, self.rank, self.keep, self.log = Path(ckpt_dir), rank, keep, log
+        self.asynchronous = asynchronous
+        self.stalls: list[float] = []
+        self.waits: list[float] = []
+        self.persisted_s: list[float] = []
+        """Seconds from hand-over to durable of each asynchronous save (of closed writers)."""
+        self._persister: Any = None
+        self._engine: Any = None
+        self.die_persisting_at: int | None = None
+        """Test-only: SIGKILL this rank inside the persist of this step's checkpoint."""
+
+    def wait(self) -> None:
+        """Until every save handed to the writer is durable (and committed, on rank 0)."""
+        if self._persister is not None:
+            self._persister.wait()
+
+    def close(self) -> None:
+        if self._persister is not None:
+            self._persister.close()
+            self.persisted_s += self._persister.persist_s
+            self._persister = None
+
+    def _commit(self, tag_dir: Path, info: dict[str, Any]) -> None:
+        write_manifest(tag_dir, info)
+        _atomic_write(self.dir / POINTER, (tag_dir.name + "\n").encode())
+        prune(self.dir, self.keep)
 
     def save(
         self,
@@ -139,12 +188,24 @@ class Checkpointer:
         import torch
         import torch.distributed as dist
 
+        start = time.perf_counter()
+        if self._persister is not None and self._persister.busy:
+            waited = self._persister.wait()  # at most one save in flight
+            self.waits.append(waited)
+            self.log(f"checkpoint step {step}: waited {waited:.2f} s for the previous save to persist")
         tag = tag_for(step)
         tag_dir = self.dir / tag
         if self.rank == 0 and tag_dir.exists():
             shutil.rmtree(tag_dir)  # a leftover from a crashed attempt at this very step
         dist.barrier()
         client_state = {"dstk": {"step": step, "position": position, **extra}}
+        info = {"tag": tag, "step": step, "position": position, "world_size": dist.get_world_size(), **extra}
+        if self.asynchronous:
+            if fault_after_first_shard:  # test-only: the asynchronous save dies inside its persist instead
+                self.die_persisting_at = step
+            self._save_async(engine, tag_dir, client_state, rank_state, info)
+            self.stalls.append(time.perf_counter() - start)
+            return tag_dir
         engine.save_checkpoint(str(self.dir), tag=tag, client_state=client_state, save_latest=False)
         if fault_after_first_shard:  # test-only: die as if the node failed mid-save
             os._exit(17)
@@ -154,20 +215,46 @@ class Checkpointer:
         tmp.replace(rank_file)
         dist.barrier()
         if self.rank == 0:
-            write_manifest(
-                tag_dir,
-                {
-                    "tag": tag,
-                    "step": step,
-                    "position": position,
-                    "world_size": dist.get_world_size(),
-                    **extra,
-                },
-            )
-            _atomic_write(self.dir / POINTER, (tag + "\n").encode())
-            prune(self.dir, self.keep)
+            self._commit(tag_dir, info)
         dist.barrier()
+        self.stalls.append(time.perf_counter() - start)
         return tag_dir
+
+    def _save_async(
+        self,
+        engine: Any,
+        tag_dir: Path,
+        client_state: dict[str, Any],
+        rank_state: dict[str, Any],
+        info: dict[str, Any],
+    ) -> None:
+        import torch.distributed as dist
+
+        from toolkit.run.async_ckpt import Persister, PersistJob, snapshot, snapshot_engine
+
+        if self._persister is None:
+            self._persister = Persister(self.log)
+        if self._engine is None:
+            self._engine = snapshot_engine()
+        self._engine.pool.start()
+        original, engine.checkpoint_engine = engine.checkpoint_engine, self._engine
+        try:  # DeepSpeed writes through engine.checkpoint_engine: this save only, into host memory
+            engine.save_checkpoint(
+                str(self.dir), tag=tag_dir.name, client_state=client_state, save_latest=False
+            )
+        finally:
+            engine.checkpoint_engine = original
+        files = self._engine.take()
+        files.append((tag_dir / f"dstk_rank{self.rank}.pt", snapshot(rank_state, self._engine.pool)))
+        job = PersistJob(
+            tag_dir,
+            files,
+            self.rank,
+            dist.get_world_size(),
+            complete=(lambda: self._commit(tag_dir, info)) if self.rank == 0 else None,
+            die_inside=self.die_persisting_at == info["step"],
+        )
+        self._persister.submit(job)
 
     def latest(self) -> str | None:
         """The newest complete tag, agreed by all ranks (rank 0 decides)."""
@@ -182,6 +269,8 @@ class Checkpointer:
 
     def load(self, engine: Any, tag: str, load_optimizer_states: bool = True) -> Resume:
         import torch
+
+        self.wait()  # a rollback may return to a checkpoint still persisting
 
         path, client_state = engine.load_checkpoint(
             str(self.dir), tag=tag, load_optimizer_states=load_optimizer_states, load_lr_scheduler_states=True

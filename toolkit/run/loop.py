@@ -21,7 +21,6 @@ from toolkit.data.loader import DynamicLoader, Step, TrainLoader, load_split
 from toolkit.errors import UserError
 from toolkit.plan.layout import Layout, data_parallel_size
 from toolkit.plan.specs import ModelSpec
-from toolkit.run.checkpoint import Checkpointer
 from toolkit.run.engine_state import held_bytes
 from toolkit.run.evaluate import evaluate
 from toolkit.run.loop_state import LEAN_STEPS, LoopOptions, Record, gather, means_over_ranks
@@ -39,6 +38,7 @@ from toolkit.run.stability import (
     rollback_tag,
     unclipped,
 )
+from toolkit.run.tiers import Tiers
 
 
 class Trainer:
@@ -50,7 +50,7 @@ class Trainer:
         rt: Runtime,
         data_dir: Path,
         run_dir: Path,
-        checkpointer: Checkpointer | None,
+        checkpointer: Tiers | None,
         opts: LoopOptions,
         peak_flops: float | None,
         aux_loss: Any = None,
@@ -204,7 +204,7 @@ class Trainer:
             state["compressed_optimizer"] = self.compressed_optimizer.rank_state()
         return state
 
-    def save(self) -> None:
+    def save(self, tier: str = "disk") -> None:
         if self.ckpt is None:
             return
         fault = self.opts.fault_after_first_shard_at == self.step
@@ -216,9 +216,7 @@ class Trainer:
         }
         if self.guard is not None:
             extra["guard"] = self.guard.state()
-        self.ckpt.save(
-            self.engine, self.step, self.position, extra, self._rank_state(), fault_after_first_shard=fault
-        )
+        self.ckpt.save(self.engine, self.step, self.position, extra, self._rank_state(), fault, tier)
         self.saved_steps.append(self.step)
         self._rolled_back_to = None
 
@@ -289,12 +287,15 @@ class Trainer:
                 if save_due and not verdict.suspect:  # a state inside an anomalous streak waits for the end
                     self.save()
                     save_due = False
+                elif self.ckpt is not None and self.ckpt.snapshot_due(self.step) and not verdict.suspect:
+                    self.save(tier="memory")
                 if self.stopped_by:  # SIGTERM/SIGINT: leave a checkpoint at this step and stop
-                    if self.ckpt is not None and self.step not in self.saved_steps:
+                    if self.ckpt is not None and not self.ckpt.on_disk(self.step):
                         self.save()
                     break
                 if (
                     self.opts.crash_at_step == self.step
+                    and self.opts.crash_during == "step"
                     and not self.resumed
                     and self.rt.rank == self.opts.crash_rank
                 ):

@@ -28,6 +28,13 @@ class LoopOptions:
     """Test-only: SIGKILL rank `crash_rank` right after this step, as a node failure would — only in a run that
     did not resume, so the restarted job gets past it."""
     crash_rank: int = 0
+    crash_during: str = "step"
+    """Test-only: "step" (after the step), "persist" (inside the asynchronous persist of that step's
+    checkpoint) or "after-snapshot" (once that step's shared-memory snapshot is complete)."""
+    async_save: bool = False
+    """Checkpoints persist in a writer thread after a copy to host memory (toolkit.run.async_ckpt)."""
+    snapshot_every: int = 0
+    """Shared-memory snapshots every K steps besides the checkpoints (toolkit.run.tiers); 0: none."""
     guard: GuardOptions | None = None
     """The spike guard; it rolls back to checkpoints, so it needs a Checkpointer."""
     faults: tuple[Fault, ...] = ()

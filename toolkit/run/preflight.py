@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.errors import UserError
-from toolkit.run.checkpoint import MANIFEST, check, complete_tags
+from toolkit.run.checkpoint import MANIFEST, check, complete_tags, newest_complete
 
 # layout fields whose change a plain (non-universal) DeepSpeed checkpoint cannot follow
 _PARTITIONING = ("zero_stage", "tp", "pp", "ep", "sp")
@@ -24,11 +24,12 @@ def resume_manifest(checkpoint_dir: Path, resume: str) -> dict[str, Any] | None:
     nothing to resume from; a UserError when a named tag is not a complete checkpoint."""
     if resume == "never":
         return None
-    if resume == "auto":
-        tags = complete_tags(checkpoint_dir, verify_hashes=False)
-        if not tags:
+    if resume == "auto":  # the newest of both tiers (toolkit.run.tiers): what the run will load
+        found = newest_complete(checkpoint_dir, verify_hashes=False)
+        if not found:
             return None
-        tag = tags[0]
+        where, tag = found[0]
+        return {**json.loads((where / tag / MANIFEST).read_text()), "where": str(where / tag)}
     else:
         tag = resume
         problem = check(checkpoint_dir / tag, verify_hashes=False)
@@ -58,7 +59,7 @@ def check_resume(
     manifest = resume_manifest(checkpoint_dir, resume)
     if manifest is None:
         return
-    where, step = f"{checkpoint_dir / manifest['tag']}", int(manifest["step"])
+    where, step = manifest.get("where", f"{checkpoint_dir / manifest['tag']}"), int(manifest["step"])
     if steps is not None and step >= steps:
         raise UserError(
             f"--steps: the checkpoint {where} is at step {step} already, so --steps {steps} leaves nothing to "

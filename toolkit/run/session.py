@@ -149,6 +149,15 @@ def _monitors_under(config: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     return out
 
 
+def _tiers(run: TrainRun, rank: int) -> Any:
+    """The checkpoint tiers of this run (toolkit.run.tiers), or None without --checkpoint-dir."""
+    if run.checkpoint_dir is None:
+        return None
+    from toolkit.run.tiers import Tiers
+
+    return Tiers(run.checkpoint_dir, rank, run.keep_last, run.loop.async_save, run.loop.snapshot_every)
+
+
 def _resume_tag(ckpt: Any, run: TrainRun) -> str | None:
     """The checkpoint to resume from (all ranks agree), or None."""
     if ckpt is None or run.resume == "never":
@@ -157,10 +166,10 @@ def _resume_tag(ckpt: Any, run: TrainRun) -> str | None:
         return ckpt.latest()
     from toolkit.run.checkpoint import check
 
-    problem = check(run.checkpoint_dir / run.resume)
+    problem = check(ckpt.where(run.resume) / run.resume)
     if problem:
         raise UserError(
-            f"--resume: {run.checkpoint_dir / run.resume} is not a complete checkpoint: {problem}"
+            f"--resume: {ckpt.where(run.resume) / run.resume} is not a complete checkpoint: {problem}"
         )
     return run.resume
 
@@ -171,7 +180,6 @@ def main(run: TrainRun) -> dict[str, Any]:
     import deepspeed
 
     from toolkit.integrations.ds_layout import layout_from_config
-    from toolkit.run.checkpoint import Checkpointer
     from toolkit.run.loop import Trainer
     from toolkit.run.metrics import Logger
     from toolkit.run.models import build_model
@@ -203,8 +211,10 @@ def main(run: TrainRun) -> dict[str, Any]:
             model, params = _pipeline(model, run.model, layout, run.config)
         elif layout.recompute == "full":
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        ckpt = Checkpointer(run.checkpoint_dir, rt.rank, run.keep_last) if run.checkpoint_dir else None
+        ckpt = _tiers(run, rt.rank)
         tag = _resume_tag(ckpt, run)
+        if ckpt is not None and tag is None and run.loop.crash_at_step and rt.rank == run.loop.crash_rank:
+            ckpt.crash = (run.loop.crash_at_step, run.loop.crash_during)  # test-only, as --crash-at-step
         config = _monitors_under(run.config, run.run_dir)
         if tag is not None and is_universal(run.checkpoint_dir / tag):
             # a checkpoint from another world size, converted by dstk checkpoint convert
@@ -230,7 +240,7 @@ def main(run: TrainRun) -> dict[str, Any]:
         if tag is not None:
             trainer.resume(tag)
             if rt.is_main:
-                print(f"resumed from {run.checkpoint_dir / tag} at step {trainer.step}", flush=True)
+                print(f"resumed from {ckpt.describe(tag)} at step {trainer.step}", flush=True)
         elif ckpt is not None and run.resume != "never" and rt.is_main:
             print(f"no complete checkpoint in {run.checkpoint_dir}: starting from step 0", flush=True)
         if run.loop.eval_only:
@@ -253,8 +263,10 @@ def main(run: TrainRun) -> dict[str, Any]:
                     "frozen_max_abs_change": _max_change(frozen, engine.module, trainable=False),
                     "adapter_max_abs_change": _max_change(adapters, engine.module, trainable=True),
                 }
-            if ckpt is not None and trainer.step not in trainer.saved_steps:
+            if ckpt is not None and not ckpt.on_disk(trainer.step):
                 trainer.save()  # the final state, unless a checkpoint already holds it
+        if ckpt is not None:
+            ckpt.close(finished=not run.loop.eval_only)  # every save durable before the summary says so
         summary = summarize(trainer, run, layout)
     except BaseException:
         shutdown(clean=False)

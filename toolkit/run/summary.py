@@ -34,6 +34,8 @@ def summarize(trainer: Any, run: Any, layout: Layout) -> dict[str, Any]:
         "model_state_bytes": trainer.record.model_states,
         "checkpoint_dir": str(run.checkpoint_dir) if run.checkpoint_dir else None,
     }
+    if trainer.ckpt is not None:
+        summary["checkpoints"] = trainer.ckpt.report()
     if getattr(run, "lora", None):
         summary["lora"] = {
             "spec": run.lora,

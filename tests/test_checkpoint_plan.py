@@ -1,0 +1,117 @@
+"""The checkpoint scheme the planner picks (toolkit.plan.checkpoint_interval): synchronous Young/Daly, and
+asynchronous saves with an optional shared-memory tier, chosen from the stall each costs — pure, no torch."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+
+from tests.cli import dstk
+from toolkit.plan.checkpoint_interval import MEMORY_RECOVERABLE, checkpoint_lines, plan_for
+from toolkit.plan.cost.estimate import estimate
+from toolkit.plan.load import load_cluster, load_model
+from toolkit.plan.planner import plan
+from toolkit.plan.query import PlanQuery
+
+
+def _plan(model: str, cluster: str, **overrides: float):
+    c = load_cluster(cluster, overrides)
+    p = plan(load_model(model), c, PlanQuery())
+    assert p is not None
+    return p, c
+
+
+@pytest.mark.parametrize(
+    ("model", "cluster", "overrides"),
+    [
+        ("llama-7b", "dgx-a100-80g", {}),
+        ("llama-7b", "dgx-a100-80g", {"nodes": 4}),
+        ("llama-70b", "dgx-h100", {"nodes": 64}),
+        ("gpt2", "dgx-a100-40g", {"node_mtbf_hours": 50}),
+    ],
+)
+def test_asynchronous_saves_lose_less_than_synchronous_ones(model, cluster, overrides) -> None:
+    p, _ = _plan(model, cluster, **overrides)
+    ck = p.checkpoint
+    assert ck.asynchronous and ck.snapshot_s < ck.write_s
+    assert ck.expected_waste < ck.sync_waste
+    # a save waits for the previous persist: the disk interval is never shorter than the write
+    assert ck.interval_steps * p.best.estimate.time.total_s >= ck.write_s * 0.999
+    text = " ".join(p.explanation)
+    assert (
+        f"save every {ck.sync_interval_steps} steps" in text
+        and f"disk every {ck.interval_steps} steps" in text
+    )
+    assert f"{ck.expected_waste:.2%} of the time lost" in text and f"{ck.sync_waste:.2%}" in text
+
+
+def test_the_stall_is_the_copy_to_host_memory() -> None:
+    p, c = _plan("llama-7b", "dgx-a100-80g")
+    ck = p.checkpoint
+    # one node: its share is the whole checkpoint, copied over 8 PCIe links (bounded by host memory)
+    rate = min(c.cpu_memory_gb_per_s / 2, c.gpus_per_node * c.pcie_gb_per_s)
+    assert ck.snapshot_s == pytest.approx(ck.bytes / (rate * 1e9))
+    assert ck.write_s == pytest.approx(ck.bytes / (c.storage_gb_per_s * 1e9))
+
+
+def test_the_shared_memory_tier_is_chosen_only_where_it_pays() -> None:
+    fast, _ = _plan("llama-7b", "dgx-a100-80g")
+    assert fast.checkpoint.snapshot_interval_steps == 0  # a fast persist: the disk tier alone is better
+    assert fast.checkpoint.tiered_snapshot_steps >= fast.checkpoint.interval_steps
+    slow, c = _plan("llama-7b", "dgx-a100-80g", storage_gb_per_s=0.01, node_mtbf_hours=100)
+    ck = slow.checkpoint
+    # a persist of hours holds the disk interval up; snapshots recover the failures that leave the node up
+    assert 0 < ck.snapshot_interval_steps < ck.interval_steps and ck.expected_waste < ck.sync_waste
+    assert ck.snapshot_host_bytes == pytest.approx(2 * ck.bytes)  # one snapshot in flight per tier
+    lines = checkpoint_lines(ck, c)
+    assert f"shared-memory snapshot every {ck.snapshot_interval_steps} steps" in lines[1]
+    several, c = _plan("llama-7b", "dgx-a100-80g", storage_gb_per_s=0.01, node_mtbf_hours=100, nodes=2)
+    assert several.checkpoint.snapshot_interval_steps == 0  # node-local snapshots: single-node jobs only
+    assert "spans several nodes" in " ".join(checkpoint_lines(several.checkpoint, c))
+    assert 0 < MEMORY_RECOVERABLE < 1
+
+
+def test_no_room_for_a_snapshot_keeps_saves_synchronous() -> None:
+    model, cluster = load_model("llama-7b"), load_cluster("dgx-a100-80g", {"cpu_memory_gib": 64})
+    p = plan(model, cluster, PlanQuery())
+    assert p is not None
+    ck = plan_for(p.best.estimate)
+    assert not ck.asynchronous and ck.interval_steps == ck.sync_interval_steps
+    assert ck.expected_waste == ck.sync_waste
+    assert "the host has no room for a snapshot" in " ".join(p.explanation)
+
+
+def test_on_the_cpu_accelerator_the_ranks_memory_is_host_memory() -> None:
+    cluster = load_cluster("cpu")
+    est = estimate(load_model("gpt2"), cluster, plan(load_model("gpt2"), cluster, PlanQuery()).best.layout)
+    in_use = est.memory.total * cluster.gpus_per_node + est.memory.cpu_per_node
+    ck = plan_for(est)
+    room = 0.9 * cluster.cpu_memory_gib * 2**30 - in_use
+    assert ck.asynchronous == (ck.bytes <= room)
+
+
+def test_dstk_config_writes_the_tiers_dstk_train_reads(tmp_path) -> None:
+    out = tmp_path / "ds.json"
+    r = dstk("config", "--model", "llama-7b", "--cluster", "dgx-a100-80g", "-o", str(out))
+    assert r.code == 0, r.err
+    block = json.loads(out.read_text())["dstk"]
+    from toolkit.plan.layout import Layout
+
+    layout = Layout(**block["layout"])
+    ck = plan_for(estimate(load_model("llama-7b"), load_cluster("dgx-a100-80g"), layout))
+    assert block["checkpoint"] == {
+        "asynchronous": ck.asynchronous,
+        "snapshot_interval_steps": ck.snapshot_interval_steps,
+    }
+    assert block["checkpoint_interval_steps"] == ck.interval_steps and ck.asynchronous
+    assert math.isfinite(ck.expected_waste)
+    from toolkit.commands.train import _checkpoint_tiers
+    from toolkit.integrations.dstk_block import read_dstk_block
+
+    args = argparse.Namespace(async_save=None, snapshot_every=None, checkpoint_dir=tmp_path)
+    assert _checkpoint_tiers(args, read_dstk_block(json.loads(out.read_text()))) == (True, 0)
+    args = argparse.Namespace(async_save=False, snapshot_every=3, checkpoint_dir=tmp_path)
+    assert _checkpoint_tiers(args, read_dstk_block(json.loads(out.read_text()))) == (False, 3)
