@@ -104,7 +104,7 @@ any real model's is — the two regimes the two code paths run in."""
 def optimizer_probe(device: Any, world: int, precision: str, steps: int = 3) -> dict[str, float]:
     """Nanoseconds per updated parameter of `engine.step()` less its all-gather, at ZeRO-0 (`replicated`)
     and ZeRO-1 (`partitioned`), in a dstk config's shape (bf16, clipping, torch AdamW), after
-    `allow_heap_reuse` as `dstk train` runs it. The median of `steps` steps after the first (which creates
+    `allow_heap_reuse` as `dstk train` runs it. The fastest of `steps` steps after the first (which creates
     the optimizer state); ZeRO-1's all-gather of the updated partitions (one bf16 call over the model,
     `all_gather_dp_groups`) is timed alone and taken off, the cost model prices it as communication."""
     import deepspeed
@@ -133,8 +133,14 @@ def optimizer_probe(device: Any, world: int, precision: str, steps: int = 3) -> 
             dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
             full = torch.empty(n_params - n_params % world, device=device, dtype=dtype)
             part = full[: full.numel() // world].clone()
-            gather = timeit(lambda f=full, p=part: dist.all_gather_into_tensor(f, p), steps, sync)
+            gathers = [
+                timeit(lambda f=full, p=part: dist.all_gather_into_tensor(f, p), 1, sync)
+                for _ in range(steps)
+            ]
+            gather = min(gathers)
         shard = n_params / (world if stage else 1)
-        out[path] = max(statistics.median(times[1:]) - gather, 0.0) / shard * 1e9
+        # the least disturbed of each (a step contains its gather): medians of two noisy timings, taken one
+        # from the other, went to zero on a machine busy with other work (a test beside a 2-rank job)
+        out[path] = max(min(times[1:]) - gather, 0.0) / shard * 1e9
         del engine
     return out
