@@ -256,17 +256,6 @@ class Checkpointer:
         )
         self._persister.submit(job)
 
-    def latest(self) -> str | None:
-        """The newest complete tag, agreed by all ranks (rank 0 decides)."""
-        import torch.distributed as dist
-
-        box = [None]
-        if self.rank == 0:
-            tags = complete_tags(self.dir, self.log)
-            box = [tags[0] if tags else None]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
-
     def load(self, engine: Any, tag: str, load_optimizer_states: bool = True) -> Resume:
         import torch
 

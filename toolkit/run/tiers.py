@@ -14,7 +14,14 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from toolkit.run.checkpoint import Checkpointer, Resume, complete_tags, memory_tier, newest_complete
+from toolkit.run.checkpoint import (
+    MANIFEST,
+    Checkpointer,
+    Resume,
+    complete_tags,
+    memory_tier,
+    newest_complete,
+)
 
 
 class Tiers:
@@ -140,8 +147,6 @@ def _die_once_complete(tag_dir: Path) -> None:
     durable), then SIGKILL this rank, before any later save."""
     import signal
     import time
-
-    from toolkit.run.checkpoint import MANIFEST
 
     while not (tag_dir / MANIFEST).exists():
         time.sleep(0.02)
