@@ -161,6 +161,12 @@ def zero_runs(tmp_path_factory, prepared_data, init_weights):
                     "--save-every",
                     "5",
                     "--async-save",
+                    # pipelined snapshots at steps 3, 6, 9, whose writer starts 0.3 s late: the next
+                    # optimizer step must wait for it at every stage (test_zero_runs)
+                    "--snapshot-every",
+                    "3",
+                    "--slow-snapshot",
+                    "0.3",
                 ),
             )
             assert jobs[stage].code == 0, jobs[stage].output[-3000:]

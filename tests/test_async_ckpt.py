@@ -92,3 +92,30 @@ def test_a_pool_reuses_its_buffers_from_one_snapshot_to_the_next() -> None:
     pool.start()
     third = snapshot({"w": torch.ones(5), "b": torch.zeros(2)}, pool)  # another shape: a new buffer
     assert third["w"].shape == (5,) and third["b"].data_ptr() == first["b"].data_ptr()
+
+
+def test_a_pipelined_save_holds_tensors_and_copies_the_rest_now() -> None:
+    """`hold`: the writer reads the tensors before the next optimizer step, but the objects around them (a
+    loss scaler, counters) may change earlier, so they are copied at the save."""
+    from toolkit.run.async_ckpt import hold
+
+    class Scaler:
+        def __init__(self) -> None:
+            self.cur_scale = 1024.0
+
+    weight, scaler = torch.ones(3), Scaler()
+    held = hold({"w": weight, "scaler": scaler, "steps": [1, 2]})
+    assert held["w"].data_ptr() == weight.data_ptr()  # no copy on the training thread
+    scaler.cur_scale = 512.0
+    assert held["scaler"].cur_scale == 1024.0 and held["steps"] == [1, 2]
+
+
+def test_a_pipelined_save_releases_the_step_even_when_its_write_fails(tmp_path: Path) -> None:
+    released = threading.Event()
+    job = PersistJob(
+        tmp_path / "step1", [(tmp_path / "step1", {"w": torch.ones(2)})], 0, 1, released=released
+    )
+    (tmp_path / "step1").mkdir()  # a directory where the file should go: the write fails
+    with pytest.raises(OSError):
+        job.run(threading.Event())
+    assert released.is_set()

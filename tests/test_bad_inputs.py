@@ -468,6 +468,23 @@ CASES: list[tuple[str, list[str], str]] = [
         r"--snapshot-every: must not be negative",
     ),
     (
+        "train-snapshots-beyond-dev-shm",
+        [
+            "train",
+            "--model",
+            "llama-70b",
+            "--config",
+            f"{BAD}/bad_batch.json",
+            "--steps",
+            "2",
+            "--checkpoint-dir",
+            "{out}",
+            "--snapshot-every",
+            "2",
+        ],
+        r"--snapshot-every: the shared-memory tier needs [\d,.]+ GB in /dev/shm .*GB free",
+    ),
+    (
         "train-init-from-missing",
         [
             "train",

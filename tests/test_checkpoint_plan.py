@@ -58,20 +58,45 @@ def test_the_stall_is_the_copy_to_host_memory() -> None:
 
 
 def test_the_shared_memory_tier_is_chosen_only_where_it_pays() -> None:
-    fast, _ = _plan("llama-7b", "dgx-a100-80g")
-    assert fast.checkpoint.snapshot_interval_steps == 0  # a fast persist: the disk tier alone is better
-    assert fast.checkpoint.tiered_snapshot_steps >= fast.checkpoint.interval_steps
+    from toolkit.plan.checkpoint_interval import checkpoint_plan
+
+    fast, c = _plan("llama-7b", "dgx-a100-80g")
+    # the step hides the pipelined copy: snapshots cost no stall, and recover 23 % of failures from memory
+    assert fast.checkpoint.memory_snapshot_s == 0 and fast.checkpoint.snapshot_interval_steps >= 1
+    # where nothing hides it, a fast persist makes the disk tier alone better
+    est = fast.best.estimate
+    bare = checkpoint_plan(est.model, c, est.layout, est.time.total_s, overlap_s=0.0)
+    assert bare.snapshot_interval_steps == 0 and bare.tiered_snapshot_steps >= bare.interval_steps
     slow, c = _plan("llama-7b", "dgx-a100-80g", storage_gb_per_s=0.01, node_mtbf_hours=100)
     ck = slow.checkpoint
     # a persist of hours holds the disk interval up; snapshots recover the failures that leave the node up
     assert 0 < ck.snapshot_interval_steps < ck.interval_steps and ck.expected_waste < ck.sync_waste
-    assert ck.snapshot_host_bytes == pytest.approx(2 * ck.bytes)  # one snapshot in flight per tier
+    # the disk tier's snapshot in flight; the shared-memory tier's newest beside the one being written
+    assert ck.snapshot_host_bytes == pytest.approx(3 * ck.bytes)
     lines = checkpoint_lines(ck, c)
+    # pipelined: the step's forward and backward hide the copy
+    assert ck.memory_snapshot_s < ck.snapshot_s and "pipelined with the next step" in lines[1]
     assert f"shared-memory snapshot every {ck.snapshot_interval_steps} steps" in lines[1]
     several, c = _plan("llama-7b", "dgx-a100-80g", storage_gb_per_s=0.01, node_mtbf_hours=100, nodes=2)
     assert several.checkpoint.snapshot_interval_steps == 0  # node-local snapshots: single-node jobs only
     assert "spans several nodes" in " ".join(checkpoint_lines(several.checkpoint, c))
     assert 0 < MEMORY_RECOVERABLE < 1
+
+
+def test_a_pipelined_snapshot_stalls_for_the_copy_the_step_does_not_hide() -> None:
+    from toolkit.plan.checkpoint_interval import checkpoint_plan
+
+    p, gpu = _plan("llama-7b", "dgx-a100-80g")
+    model, layout = p.best.estimate.model, p.best.layout
+    copy = checkpoint_plan(model, gpu, layout, 10.0, overlap_s=0.0).snapshot_s
+    assert checkpoint_plan(model, gpu, layout, 10.0, overlap_s=0.0).memory_snapshot_s == pytest.approx(copy)
+    part = checkpoint_plan(model, gpu, layout, 10.0, overlap_s=copy / 4)
+    assert part.memory_snapshot_s == pytest.approx(copy * 3 / 4)
+    assert checkpoint_plan(model, gpu, layout, 10.0, overlap_s=copy * 2).memory_snapshot_s == 0.0
+    # on the CPU accelerator the writer takes the ranks' cores: nothing is hidden
+    small, cpu = _plan("gpt2", "cpu")
+    ck = checkpoint_plan(small.best.estimate.model, cpu, small.best.layout, 10.0)
+    assert ck.memory_snapshot_s == ck.snapshot_s > 0
 
 
 def test_no_room_for_a_snapshot_keeps_saves_synchronous() -> None:
@@ -112,6 +137,7 @@ def test_dstk_config_writes_the_tiers_dstk_train_reads(tmp_path) -> None:
     from toolkit.integrations.dstk_block import read_dstk_block
 
     args = argparse.Namespace(async_save=None, snapshot_every=None, checkpoint_dir=tmp_path)
-    assert _checkpoint_tiers(args, read_dstk_block(json.loads(out.read_text()))) == (True, 0)
+    planned = (True, ck.snapshot_interval_steps)
+    assert _checkpoint_tiers(args, read_dstk_block(json.loads(out.read_text()))) == planned
     args = argparse.Namespace(async_save=False, snapshot_every=3, checkpoint_dir=tmp_path)
     assert _checkpoint_tiers(args, read_dstk_block(json.loads(out.read_text()))) == (False, 3)

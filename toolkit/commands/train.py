@@ -105,6 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="step",
         help=argparse.SUPPRESS,
     )
+    parser.add_argument("--slow-snapshot", type=float, default=0.0, metavar="S", help=argparse.SUPPRESS)
     parser.add_argument(
         "--inject-fault", action="append", metavar="STEP[+]:nan|spike", help=argparse.SUPPRESS
     )
@@ -257,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
     if args.save_every is None:
         planned = block.checkpoint_interval_steps
         args.save_every = min(planned, steps) if args.checkpoint_dir else 0
-    async_save, snapshot_every = _checkpoint_tiers(args, block)
+    async_save, snapshot_every = _checkpoint_tiers(args, block, model)
     for flag in ("save_every", "keep_last", "eval_every", "eval_rows", "log_every"):
         if getattr(args, flag) < 0:
             raise UserError(f"--{flag.replace('_', '-')}: must not be negative")
@@ -302,6 +303,7 @@ def run(args: argparse.Namespace) -> int:
         crash_at_step=args.crash_at_step,
         crash_rank=args.crash_rank,
         crash_during=args.crash_during,
+        slow_snapshot_s=args.slow_snapshot,
         async_save=async_save,
         snapshot_every=snapshot_every,
         guard=guard,
@@ -344,8 +346,9 @@ def _lora(flag: str | None, planned: str | None) -> str | None:
     return given or planned
 
 
-def _checkpoint_tiers(args: argparse.Namespace, block: Any) -> tuple[bool, int]:
-    """(asynchronous saves, shared-memory snapshot interval) from the flags, else the config's plan."""
+def _checkpoint_tiers(args: argparse.Namespace, block: Any, model: Any = None) -> tuple[bool, int]:
+    """(asynchronous saves, shared-memory snapshot interval) from the flags, else the config's plan; with the
+    model, /dev/shm must hold the two snapshots the tier keeps while it writes the next."""
     import os
 
     from toolkit.errors import UserError
@@ -365,4 +368,24 @@ def _checkpoint_tiers(args: argparse.Namespace, block: Any) -> tuple[bool, int]:
         )
     if every and not os.path.isdir("/dev/shm"):
         raise UserError("--snapshot-every: this host has no /dev/shm")
+    if every and model is not None:
+        _check_shm_room(model, block.layout)
     return bool(async_save), every
+
+
+def _check_shm_room(model: Any, layout: Any) -> None:
+    """Two snapshots must fit in /dev/shm: a container's default tmpfs (docker: 64 MB) would fail mid-run."""
+    import shutil
+
+    from toolkit.errors import UserError
+    from toolkit.plan.checkpoint_interval import checkpoint_bytes
+    from toolkit.plan.params import count_params
+
+    need = 2 * (checkpoint_bytes(model, layout) if layout is not None else 16 * count_params(model).total)
+    free = shutil.disk_usage("/dev/shm").free
+    if need > free:
+        raise UserError(
+            f"--snapshot-every: the shared-memory tier needs {need / 1e9:,.2f} GB in /dev/shm (two snapshots "
+            f"while the next is written), {free / 1e9:,.2f} GB free; enlarge it (docker run --shm-size) or "
+            "leave --snapshot-every off"
+        )

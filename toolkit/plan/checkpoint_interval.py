@@ -13,12 +13,17 @@ above) goes on in the background: the next save waits for it, so τ ≥ δ, and 
 during which the newest checkpoint was not yet complete. First order (Young): τₐ = √(2δₐM), waste
 δₐ/τₐ + (τₐ/2 + δ)/M.
 
-Shared-memory snapshots (toolkit.run.tiers; Gemini, Wang et al., SOSP '23, keeps them in CPU memory) cost the
-same stall and survive the failures that leave the node up — a fraction f of them; the others need the disk
-tier. Minimising δₐ/τₘ + δₐ/τ_d + fτₘ/(2M) + (1−f)(τ_d/2 + δ)/M term by term gives τₘ = √(2δₐM/f) and
-τ_d = √(2δₐM/(1−f)) (no shorter than δ or τₘ). dstk's snapshots are node-local, so single-node jobs only.
-Either needs host memory for one snapshot per tier beside what offloaded states take; where it does not fit,
-saves stay synchronous.
+Shared-memory snapshots (toolkit.run.tiers; Gemini, Wang et al., SOSP '23, keeps them in CPU memory) survive
+the failures that leave the node up — a fraction f of them; the others need the disk tier. They are
+pipelined (CheckFreq's snapshot overlapped with the next iteration): the writer copies the live state into
+/dev/shm while the next forward and backward run, and the optimizer's step waits only for what is left, so
+their stall is δₘ = max(0, δₐ − the step's forward/backward time) on an accelerator; on the CPU accelerator
+the writer takes cores from the ranks, and δₘ = δₐ. Minimising δₐ/τ_d + δₘ/τₘ + fτₘ/(2M) + (1−f)(τ_d/2 +
+δ)/M term by term gives τₘ = √(2δₘM/f) (at least a step, and the copy: one snapshot in flight) and τ_d =
+√(2δₐM/(1−f)) (no shorter than δ or τₘ). dstk's snapshots are node-local, so single-node jobs only. Host
+memory: the disk tier's snapshot, and the shared-memory tier's newest snapshot beside the one being written
+(3 per node with both tiers), beside what offloaded states take; where one does not fit, saves stay
+synchronous.
 """
 
 from __future__ import annotations
@@ -52,13 +57,16 @@ class CheckpointPlan:
     sync_interval_steps: int = 0
     sync_waste: float = 0.0
     snapshot_s: float = 0.0
-    """Training stall of one asynchronous save or shared-memory snapshot: the copy to host memory."""
+    """Training stall of one asynchronous save: the copy to host memory."""
+    memory_snapshot_s: float = 0.0
+    """Training stall of one pipelined shared-memory snapshot: the copy the next forward/backward does not hide."""
     asynchronous: bool = False
     """The host holds a snapshot per tier beside the offloaded states: saves are asynchronous."""
     snapshot_interval_steps: int = 0
     """Shared-memory snapshots every K steps (0: none — multi-node, or synchronous saves)."""
     snapshot_host_bytes: float = 0.0
-    """Host memory per node the snapshots in flight need (one per tier)."""
+    """Host memory per node the snapshots need (the disk tier's in flight; the shared-memory tier's newest and
+    the one being written)."""
     tiered_snapshot_steps: int = 0
     tiered_waste: float = 0.0
     """The shared-memory tier's best interval and the waste with it, whether chosen or not (0: not possible —
@@ -92,9 +100,11 @@ def checkpoint_plan(
     layout: Layout,
     step_time_s: float,
     host_bytes_per_node: float = 0.0,
+    overlap_s: float | None = None,
 ) -> CheckpointPlan:
     """The checkpoint scheme for this layout; `host_bytes_per_node`: host memory the layout already takes
-    (offloaded states), which the snapshots must fit beside."""
+    (offloaded states), which the snapshots must fit beside; `overlap_s`: the part of a step before the
+    optimizer's update, which hides a pipelined snapshot's copy (default: the whole step)."""
     size = checkpoint_bytes(model, layout)
     per_node = size / cluster.nodes
     write_s = per_node / (cluster.storage_gb_per_s * 1e9)
@@ -108,13 +118,17 @@ def checkpoint_plan(
     if cluster.accelerator != "cpu":
         host_gb_per_s = min(host_gb_per_s, cluster.gpus_per_node * cluster.pcie_gb_per_s)
     snapshot_s = per_node / (host_gb_per_s * 1e9)
-    sync = CheckpointPlan(size, write_s, mtbf_s, tau, steps, sync_waste, steps, sync_waste, snapshot_s)
+    hidden = 0.0 if cluster.accelerator == "cpu" else step_time_s if overlap_s is None else overlap_s
+    memory_s = max(0.0, snapshot_s - hidden)
+    sync = CheckpointPlan(
+        size, write_s, mtbf_s, tau, steps, sync_waste, steps, sync_waste, snapshot_s, memory_s
+    )
     usable = HOST_USABLE * cluster.cpu_memory_gib * GIB - host_bytes_per_node
     if per_node > usable:
         return sync
-    options = [_tiers(snapshot_s, write_s, mtbf_s, 0.0, step_time_s)]
-    if cluster.nodes == 1 and 2 * per_node <= usable:  # node-local snapshots; one in flight per tier
-        options.append(_tiers(snapshot_s, write_s, mtbf_s, MEMORY_RECOVERABLE, step_time_s))
+    options = [_tiers((snapshot_s, memory_s), write_s, mtbf_s, 0.0, step_time_s)]
+    if cluster.nodes == 1 and 3 * per_node <= usable:  # node-local snapshots
+        options.append(_tiers((snapshot_s, memory_s), write_s, mtbf_s, MEMORY_RECOVERABLE, step_time_s))
     waste, disk_steps, snap_steps = min(options)
     tiered = options[1] if len(options) > 1 else (0.0, 0, 0)
     return CheckpointPlan(
@@ -127,31 +141,34 @@ def checkpoint_plan(
         sync_interval_steps=steps,
         sync_waste=sync_waste,
         snapshot_s=snapshot_s,
+        memory_snapshot_s=memory_s,
         asynchronous=True,
         snapshot_interval_steps=snap_steps,
-        snapshot_host_bytes=per_node * (2 if snap_steps else 1),
+        snapshot_host_bytes=per_node * (3 if snap_steps else 1),
         tiered_snapshot_steps=tiered[2],
         tiered_waste=tiered[0],
     )
 
 
 def _tiers(
-    stall_s: float, write_s: float, mtbf_s: float, f: float, step_time_s: float
+    stalls: tuple[float, float], write_s: float, mtbf_s: float, f: float, step_time_s: float
 ) -> tuple[float, int, int]:
-    """(waste, disk steps, snapshot steps) of asynchronous saves with a shared-memory tier recovering a
-    fraction f of failures (f = 0: none). The tier pays when the disk interval is held up by a slow persist
-    (τ_d = δ) or read-back dominates; otherwise its extra stalls cost more than it saves."""
+    """(waste, disk steps, snapshot steps) of asynchronous saves (stall δₐ) with a shared-memory tier (stall
+    δₘ) recovering a fraction f of failures (f = 0: none). The tier pays when the disk interval is held up by a
+    slow persist (τ_d = δ) or read-back dominates; otherwise its extra stalls cost more than it saves."""
+    stall_s, memory_s = stalls
     disk_steps = _steps(max(math.sqrt(2 * stall_s * mtbf_s / (1 - f)), write_s), step_time_s)
     tau_d = disk_steps * step_time_s
     # a failure the disk tier recovers redoes half an interval, the persist lag and the read-back
     waste = stall_s / tau_d + (1 - f) * (tau_d / 2 + 2 * write_s) / mtbf_s
     if f == 0:
         return waste, disk_steps, 0
-    snap_steps = _steps(math.sqrt(2 * stall_s * mtbf_s / f), step_time_s)
+    # one snapshot in flight: the next starts once the previous copy is written
+    snap_steps = _steps(max(math.sqrt(2 * memory_s * mtbf_s / f), stall_s), step_time_s)
     if snap_steps >= disk_steps:  # no more often than the disk tier: it adds stalls and saves nothing
         return math.inf, disk_steps, snap_steps
     tau_m = snap_steps * step_time_s
-    return waste + stall_s / tau_m + f * (tau_m / 2 + stall_s) / mtbf_s, disk_steps, snap_steps
+    return waste + memory_s / tau_m + f * (tau_m / 2 + stall_s) / mtbf_s, disk_steps, snap_steps
 
 
 def plan_for(est: Estimate) -> CheckpointPlan:
@@ -160,7 +177,10 @@ def plan_for(est: Estimate) -> CheckpointPlan:
     in_use = est.memory.cpu_per_node
     if est.cluster.accelerator == "cpu":
         in_use += est.memory.total * est.cluster.gpus_per_node
-    return checkpoint_plan(est.model, est.cluster, est.layout, est.time.total_s, in_use)
+    before_update = est.time.total_s - est.time.optimizer_s - est.time.offload_s
+    return checkpoint_plan(
+        est.model, est.cluster, est.layout, est.time.total_s, in_use, max(0.0, before_update)
+    )
 
 
 def checkpoint_lines(ckpt: CheckpointPlan, cluster: ClusterSpec) -> list[str]:
@@ -175,7 +195,10 @@ def checkpoint_lines(ckpt: CheckpointPlan, cluster: ClusterSpec) -> list[str]:
         return [sync + " Saves stay synchronous: the host has no room for a snapshot beside what it holds."]
     tiers = f"disk every {ckpt.interval_steps} steps"
     if ckpt.snapshot_interval_steps:
-        tiers += f", shared-memory snapshot every {ckpt.snapshot_interval_steps} steps (--snapshot-every)"
+        tiers += (
+            f", shared-memory snapshot every {ckpt.snapshot_interval_steps} steps (--snapshot-every; pipelined"
+            f" with the next step, stalling {ckpt.memory_snapshot_s:.3g} s)"
+        )
     lines = [
         sync,
         f"Asynchronous (dstk train --async-save): each save stalls training {ckpt.snapshot_s:.3g} s (the copy "
@@ -193,6 +216,6 @@ def checkpoint_lines(ckpt: CheckpointPlan, cluster: ClusterSpec) -> list[str]:
             if ckpt.tiered_snapshot_steps
             else "No shared-memory tier: its snapshots are node-local and this job spans several nodes."
             if cluster.nodes > 1
-            else "No shared-memory tier: the host has no room for a second snapshot."
+            else "No shared-memory tier: the host has no room for its two snapshots beside the disk tier's."
         )
     return lines

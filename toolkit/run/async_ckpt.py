@@ -13,10 +13,18 @@ for every rank's marker before it writes the manifest, so a checkpoint is comple
 files are durable; a rank killed mid-persist leaves a directory without a manifest, which loading skips. At
 most one snapshot is in flight per directory: a save requested while the previous one persists waits (and
 says how long).
+
+A pipelined save (the shared-memory tier) takes no copy on the training thread at all: `save` keeps
+references to the live tensors, and the writer writes them straight to their files while the next step's
+forward and backward run — the module weights and the optimizer's state change only inside the optimizer's
+step, whose pre-hook waits until the writer has read them (CheckFreq's pipelined snapshot). On CUDA the
+writer first copies them to pinned host buffers on a stream of its own, ordered after the training stream,
+and releases the step before it writes.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import queue
 import threading
@@ -49,11 +57,12 @@ class SnapshotPool:
 
         src, i = tensor.detach(), self._next
         self._next += 1
+        pinned = src.device.type == "cuda"
         if i < len(self._buffers):
             buf = self._buffers[i]
             if buf.shape == src.shape and buf.dtype == src.dtype:
-                return buf.copy_(src)
-        buf = torch.empty(src.shape, dtype=src.dtype, pin_memory=src.device.type == "cuda").copy_(src)
+                return buf.copy_(src, non_blocking=pinned)  # the caller synchronises its stream
+        buf = torch.empty(src.shape, dtype=src.dtype, pin_memory=pinned).copy_(src, non_blocking=pinned)
         if i < len(self._buffers):
             self._buffers[i] = buf
         else:
@@ -77,6 +86,68 @@ def snapshot(item: Any, pool: SnapshotPool | None = None) -> Any:
     if isinstance(item, dict):
         return type(item)((k, snapshot(v, pool)) for k, v in item.items())
     return item
+
+
+def hold(item: Any) -> Any:
+    """`item` with its tensors kept by reference (detached) and everything else copied now: a pipelined save
+    reads the tensors before the next optimizer step, but the loss scaler, the scheduler's counters and the
+    like may change earlier (a dynamic loss scale is updated before the optimizer's own step)."""
+    import torch
+
+    if torch.is_tensor(item):
+        return item.detach()
+    if isinstance(item, list):
+        return [hold(v) for v in item]
+    if isinstance(item, tuple):
+        return tuple(hold(v) for v in item)
+    if isinstance(item, dict):
+        return type(item)((k, hold(v)) for k, v in item.items())
+    if isinstance(item, (str, bytes, int, float, bool, type(None), torch.Size)):
+        return item
+    try:
+        return copy.deepcopy(item)
+    except Exception:  # an object that cannot be copied (a process group, a lock) is saved as it is then
+        return item
+
+
+def base_optimizer(engine: Any) -> Any:
+    """The torch optimizer inside DeepSpeed's wrappers (ZeRO, bf16/fp16): the one whose `step` changes the
+    saved weights and states, and which accepts a step pre-hook. None without one, or when states are swapped
+    to NVMe between steps (ZeRO-Infinity), where the live tensors are not the state a pipelined save needs."""
+    import torch
+
+    zero = engine._config.zero_config
+    offloaded = (zero.offload_optimizer, zero.offload_param)
+    if any(o is not None and getattr(o.device, "value", o.device) == "nvme" for o in offloaded):
+        return None
+    opt, seen = getattr(engine, "optimizer", None), set()
+    while opt is not None and not isinstance(opt, torch.optim.Optimizer) and id(opt) not in seen:
+        seen.add(id(opt))
+        opt = getattr(opt, "optimizer", None)
+    return opt if isinstance(opt, torch.optim.Optimizer) else None
+
+
+def stream_marker() -> Any:
+    """On CUDA, an event on the training stream after which a pipelined save may copy (None elsewhere)."""
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return None
+    return torch.cuda.current_stream().record_event()
+
+
+def to_host(files: list[tuple[Path, Any]], pool: SnapshotPool, after: Any) -> list[tuple[Path, Any]]:
+    """The writer's copy of a pipelined save's CUDA tensors to pinned host buffers, on a stream of its own
+    that starts after `after` (an event on the training stream): the training thread's kernels go on."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_event(after)
+    pool.start()
+    with torch.cuda.stream(stream):
+        out = [(path, snapshot(obj, pool)) for path, obj in files]
+    stream.synchronize()
+    return out
 
 
 def durable_save(obj: Any, path: Path) -> None:
@@ -112,18 +183,32 @@ class PersistJob:
     """Rank 0: writes the manifest (called once every rank's marker exists)."""
     die_inside: bool = False
     """Test-only: SIGKILL this process after the first file is durable, as a node failure mid-persist."""
+    released: threading.Event | None = None
+    """A pipelined save: `files` hold live tensors; set once they are read (the optimizer may step)."""
+    stage: Callable[[list[tuple[Path, Any]]], list[tuple[Path, Any]]] | None = None
+    """A pipelined save's copy to host memory before the writes (CUDA), after which it releases the step."""
+    slow_s: float = 0.0
+    """Test-only: wait this long before reading `files` (a pipelined save's gate must then hold the step)."""
     queued_at: float = field(default_factory=time.perf_counter)
 
     def run(self, stopping: threading.Event) -> None:
         dirs = set()
-        for n, (path, obj) in enumerate(self.files):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            durable_save(obj, path)
-            dirs.add(path.parent)
-            if self.die_inside and n == 0:
-                import signal
+        try:
+            time.sleep(self.slow_s)
+            if self.stage is not None:
+                self.files = self.stage(self.files)
+                self._release()
+            for n, (path, obj) in enumerate(self.files):
+                path.parent.mkdir(parents=True, exist_ok=True)
+                durable_save(obj, path)
+                dirs.add(path.parent)
+                if self.die_inside and n == 0:
+                    import signal
 
-                os.kill(os.getpid(), signal.SIGKILL)
+                    os.kill(os.getpid(), signal.SIGKILL)
+        finally:
+            self._release()  # also on an error: training must not wait forever (the error is re-raised)
+        self.files = []
         for d in dirs:
             fsync_dir(d)
         marker = self.tag_dir / MARKER.format(rank=self.rank)
@@ -136,6 +221,10 @@ class PersistJob:
             if stopping.wait(0.02):
                 return
         self.complete()
+
+    def _release(self) -> None:
+        if self.released is not None:
+            self.released.set()
 
 
 class Persister:
@@ -197,7 +286,8 @@ class Persister:
 
 
 def snapshot_engine() -> Any:
-    """DeepSpeed's checkpoint engine with `save` replaced by a snapshot into `.files` (see the module doc)."""
+    """DeepSpeed's checkpoint engine with `save` replaced by a snapshot into `.files` (see the module doc);
+    with `.pipelined` set, the snapshot holds the live tensors (`hold`) instead of copies."""
     from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
     class SnapshotEngine(TorchCheckpointEngine):
@@ -205,9 +295,11 @@ def snapshot_engine() -> Any:
             super().__init__(None)
             self.files: list[tuple[Path, Any]] = []
             self.pool = SnapshotPool()
+            self.pipelined = False
 
         def save(self, state_dict: Any, path: str) -> None:
-            self.files.append((Path(path), snapshot(state_dict, self.pool)))
+            held = hold(state_dict) if self.pipelined else snapshot(state_dict, self.pool)
+            self.files.append((Path(path), held))
 
         def preserves_storage_sharing(self) -> bool:
             return False  # snapshot() copies every tensor on its own: views are not saved with whole storages

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,9 +61,11 @@ def _atomic_write(path: Path, data: bytes) -> None:
         os.close(dir_fd)
 
 
-def write_manifest(tag_dir: Path, info: dict[str, Any]) -> None:
+def write_manifest(tag_dir: Path, info: dict[str, Any], hashes: bool = True) -> None:
+    """Without `hashes` the manifest records sizes only (null SHA-256s): for the shared-memory tier, where a
+    file is whole once written (a killed writer leaves no manifest) and hashing would take CPU from training."""
     files = {
-        str(p.relative_to(tag_dir)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+        str(p.relative_to(tag_dir)): {"bytes": p.stat().st_size, "sha256": _sha256(p) if hashes else None}
         for p in sorted(tag_dir.rglob("*"))
         if p.is_file() and p.name != MANIFEST and not p.name.startswith(".")
     }
@@ -86,7 +89,7 @@ def check(tag_dir: Path, verify_hashes: bool = True) -> str | None:
             return f"{name} is missing"
         if f.stat().st_size != meta["bytes"]:
             return f"{name} has {f.stat().st_size} bytes, the manifest says {meta['bytes']}"
-        if verify_hashes and _sha256(f) != meta["sha256"]:
+        if verify_hashes and meta["sha256"] is not None and _sha256(f) != meta["sha256"]:
             return f"{name} does not match its SHA-256"
     return None
 
@@ -143,21 +146,35 @@ class Checkpointer:
 
     `asynchronous`: `save` returns once the state is copied to host memory; a writer thread persists it and
     rank 0's writer commits the manifest when every rank's files are durable (toolkit.run.async_ckpt).
-    `stalls` records the seconds each save held the training thread, `waits` those spent waiting for the
-    previous save to persist first."""
+    `pipelined` (asynchronous only): `save` copies nothing; the writer reads the live tensors before the next
+    optimizer step, which waits for it if it must. `stalls` records the seconds each save held the training
+    thread (a pipelined save's wait at the next optimizer step included), `waits` those spent waiting for
+    the previous save to persist first."""
 
     def __init__(
-        self, ckpt_dir: Path, rank: int, keep: int = 3, log: Any = print, asynchronous: bool = False
+        self,
+        ckpt_dir: Path,
+        rank: int,
+        keep: int = 3,
+        log: Any = print,
+        asynchronous: bool = False,
+        pipelined: bool = False,
+        hashes: bool = True,
     ) -> None:
         self.dir, self.rank, self.keep, self.log = Path(ckpt_dir), rank, keep, log
-        self.asynchronous = asynchronous
+        self.asynchronous, self.pipelined, self.hashes = asynchronous, pipelined, hashes
+        self._released: Any = None
+        self._hooked: tuple[Any, Any] | None = None
         self.stalls: list[float] = []
+        self.pipelined_saves = 0
         self.waits: list[float] = []
         self.persisted_s: list[float] = []
         """Seconds from hand-over to durable of each asynchronous save (of closed writers)."""
         self._persister: Any = None
         self._engine: Any = None
         self.die_persisting_at: int | None = None
+        self.slow_s = 0.0
+        """Test-only: each pipelined save's writer waits this long before it reads the live state."""
         """Test-only: SIGKILL this rank inside the persist of this step's checkpoint."""
 
     def wait(self) -> None:
@@ -170,9 +187,34 @@ class Checkpointer:
             self._persister.close()
             self.persisted_s += self._persister.persist_s
             self._persister = None
+        if self._hooked is not None:
+            self._hooked[1].remove()
+            self._hooked = None
+
+    def _before_update(self, *_: Any) -> None:
+        """The optimizer's step pre-hook: a pipelined save still reading the live state holds the update."""
+        released = self._released
+        if released is None or released.is_set():
+            return
+        start = time.perf_counter()
+        released.wait()
+        self.stalls[-1] += time.perf_counter() - start
+
+    def _gate(self, engine: Any) -> bool:
+        """Hook the optimizer's step for pipelined saves; False where a save must copy instead."""
+        from toolkit.run.async_ckpt import base_optimizer
+
+        opt = base_optimizer(engine)
+        if opt is None:
+            return False
+        if self._hooked is None or self._hooked[0] is not opt:
+            if self._hooked is not None:
+                self._hooked[1].remove()
+            self._hooked = (opt, opt.register_step_pre_hook(self._before_update))
+        return True
 
     def _commit(self, tag_dir: Path, info: dict[str, Any]) -> None:
-        write_manifest(tag_dir, info)
+        write_manifest(tag_dir, info, self.hashes)
         _atomic_write(self.dir / POINTER, (tag_dir.name + "\n").encode())
         prune(self.dir, self.keep)
 
@@ -230,12 +272,23 @@ class Checkpointer:
     ) -> None:
         import torch.distributed as dist
 
-        from toolkit.run.async_ckpt import Persister, PersistJob, snapshot, snapshot_engine
+        from toolkit.run.async_ckpt import (
+            Persister,
+            PersistJob,
+            hold,
+            snapshot,
+            snapshot_engine,
+            stream_marker,
+            to_host,
+        )
 
         if self._persister is None:
             self._persister = Persister(self.log)
         if self._engine is None:
             self._engine = snapshot_engine()
+        pipelined = self.pipelined and self._gate(engine)
+        self.pipelined_saves += pipelined
+        self._engine.pipelined = pipelined
         self._engine.pool.start()
         original, engine.checkpoint_engine = engine.checkpoint_engine, self._engine
         try:  # DeepSpeed writes through engine.checkpoint_engine: this save only, into host memory
@@ -245,7 +298,13 @@ class Checkpointer:
         finally:
             engine.checkpoint_engine = original
         files = self._engine.take()
-        files.append((tag_dir / f"dstk_rank{self.rank}.pt", snapshot(rank_state, self._engine.pool)))
+        own = hold(rank_state) if pipelined else snapshot(rank_state, self._engine.pool)
+        files.append((tag_dir / f"dstk_rank{self.rank}.pt", own))
+        stage, after = None, stream_marker() if pipelined else None
+        if after is not None:
+            pool = self._engine.pool
+            stage = lambda held: to_host(held, pool, after)  # noqa: E731
+        self._released = threading.Event() if pipelined else None
         job = PersistJob(
             tag_dir,
             files,
@@ -253,6 +312,9 @@ class Checkpointer:
             dist.get_world_size(),
             complete=(lambda: self._commit(tag_dir, info)) if self.rank == 0 else None,
             die_inside=self.die_persisting_at == info["step"],
+            released=self._released,
+            slow_s=self.slow_s if pipelined else 0.0,
+            stage=stage,
         )
         self._persister.submit(job)
 

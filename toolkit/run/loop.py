@@ -287,7 +287,11 @@ class Trainer:
                 if save_due and not verdict.suspect:  # a state inside an anomalous streak waits for the end
                     self.save()
                     save_due = False
-                elif self.ckpt is not None and self.ckpt.snapshot_due(self.step) and not verdict.suspect:
+                elif (
+                    self.ckpt is not None
+                    and self.ckpt.snapshot_due(self.step, self.opts.steps)
+                    and not verdict.suspect
+                ):
                     self.save(tier="memory")
                 if self.stopped_by:  # SIGTERM/SIGINT: leave a checkpoint at this step and stop
                     if self.ckpt is not None and not self.ckpt.on_disk(self.step):

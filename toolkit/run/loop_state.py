@@ -31,6 +31,9 @@ class LoopOptions:
     crash_during: str = "step"
     """Test-only: "step" (after the step), "persist" (inside the asynchronous persist of that step's
     checkpoint) or "after-snapshot" (once that step's shared-memory snapshot is complete)."""
+    slow_snapshot_s: float = 0.0
+    """Test-only: each shared-memory snapshot's writer waits this long before it reads the live state, so the
+    next optimizer step must wait for it (the pipelined save's gate, toolkit.run.async_ckpt)."""
     async_save: bool = False
     """Checkpoints persist in a writer thread after a copy to host memory (toolkit.run.async_ckpt)."""
     snapshot_every: int = 0

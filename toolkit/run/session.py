@@ -155,7 +155,9 @@ def _tiers(run: TrainRun, rank: int) -> Any:
         return None
     from toolkit.run.tiers import Tiers
 
-    return Tiers(run.checkpoint_dir, rank, run.keep_last, run.loop.async_save, run.loop.snapshot_every)
+    tiers = Tiers(run.checkpoint_dir, rank, run.keep_last, run.loop.async_save, run.loop.snapshot_every)
+    tiers.memory.slow_s = run.loop.slow_snapshot_s
+    return tiers
 
 
 def _resume_tag(ckpt: Any, run: TrainRun) -> str | None:

@@ -39,7 +39,11 @@ class Tiers:
         self.disk = Checkpointer(ckpt_dir, rank, keep, log, asynchronous)
         # always there to load from (an earlier attempt's snapshots are the newest state even if this one
         # takes none); written only with snapshot_every
-        self.memory = Checkpointer(memory_tier(ckpt_dir), rank, 2, log, asynchronous=True)
+        # pipelined: the snapshot is written straight from the live state before the next optimizer step;
+        # one kept (two in /dev/shm while the next is written); sizes suffice to tell a whole one in RAM
+        self.memory = Checkpointer(
+            memory_tier(ckpt_dir), rank, 1, log, asynchronous=True, pipelined=True, hashes=False
+        )
         self.snapshot_every, self.rank, self.log = snapshot_every, rank, log
         self._disk_steps: set[int] = set()
         self.dir = self.disk.dir
@@ -47,8 +51,9 @@ class Tiers:
         """Test-only: (step, "persist" | "after-snapshot"): SIGKILL this rank inside the disk persist of that
         step's checkpoint, or right after that step's memory snapshot is complete."""
 
-    def snapshot_due(self, step: int) -> bool:
-        return bool(self.snapshot_every and step % self.snapshot_every == 0)
+    def snapshot_due(self, step: int, last: int) -> bool:
+        """Whether `step` takes a shared-memory snapshot: not the last one, which goes to disk anyway."""
+        return bool(self.snapshot_every and step % self.snapshot_every == 0 and step < last)
 
     def save(
         self,
@@ -117,10 +122,15 @@ class Tiers:
 
     def report(self) -> dict[str, Any]:
         """What the saves cost this rank: seconds each held training (stall), waited for the previous save
-        to persist, and took to become durable in the background — per tier."""
+        to persist, and took to become durable in the background; how many were pipelined — per tier."""
 
         def tier(c: Checkpointer) -> dict[str, Any]:
-            return {"stall_s": c.stalls, "wait_s": c.waits, "persist_s": c.persisted_s}
+            return {
+                "stall_s": c.stalls,
+                "wait_s": c.waits,
+                "persist_s": c.persisted_s,
+                "pipelined_saves": c.pipelined_saves,
+            }
 
         return {
             "asynchronous": self.disk.asynchronous,
