@@ -56,12 +56,15 @@ def test_summary_metrics_and_monitors(zero_runs) -> None:
 def test_shared_memory_snapshots_hold_the_next_optimizer_step_until_read(zero_runs) -> None:
     """The shared runs take pipelined snapshots at steps 3, 6 and 9 whose writer starts 0.3 s late: at every
     ZeRO stage the optimizer's step pre-hook (on the torch optimizer inside DeepSpeed's wrappers) held the
-    update until the writer had read the state, which the stall records; the losses are the same computation
-    as without them (test_zero_stages_are_the_same_computation)."""
+    next update until the writer had read the state — at least 0.3 s after the hand-over, however long the
+    forward and backward between them took (the stall is only what was left of it, as little as 0.05 s on a
+    loaded host) — and the losses are the same computation as without them
+    (test_zero_stages_are_the_same_computation)."""
     for stage, job in zero_runs.items():
         memory = job.summary["checkpoints"]["memory"]
-        assert memory["pipelined_saves"] == 3 == len(memory["stall_s"]), (stage, memory)
-        assert min(memory["stall_s"]) >= 0.15, (stage, memory)
+        saves = memory["pipelined_saves"], len(memory["stall_s"]), len(memory["held_s"])
+        assert saves == (3, 3, 3), (stage, memory)
+        assert min(memory["held_s"]) >= 0.3, (stage, memory)
         assert len(memory["persist_s"]) == 3
 
 
@@ -152,8 +155,8 @@ def test_rank_killed_after_a_shared_memory_snapshot_resumes_from_it(
     assert not memory_tier(ckpt).exists()
     memory = job.summary["checkpoints"]["memory"]
     # resumed at 6: snapshots at 7 and 9 (8 and the last step go to disk), each holding the next step
-    assert memory["pipelined_saves"] == len(memory["stall_s"]) == 2
-    assert min(memory["stall_s"]) >= 0.3
+    assert memory["pipelined_saves"] == len(memory["stall_s"]) == len(memory["held_s"]) == 2
+    assert min(memory["held_s"]) >= 0.5, memory
 
 
 def test_checkpoints_of_every_stage_convert_and_resume_on_one_rank(tmp_path, zero_runs, prepared_data):

@@ -149,7 +149,9 @@ class Checkpointer:
     `pipelined` (asynchronous only): `save` copies nothing; the writer reads the live tensors before the next
     optimizer step, which waits for it if it must. `stalls` records the seconds each save held the training
     thread (a pipelined save's wait at the next optimizer step included), `waits` those spent waiting for
-    the previous save to persist first."""
+    the previous save to persist first, `held` the seconds from each pipelined save's hand-over to the next
+    optimizer update it let through — never less than the writer took to read the live state, whatever the
+    timing of the forward and backward between them, which is why tests check it rather than the stall."""
 
     def __init__(
         self,
@@ -164,18 +166,20 @@ class Checkpointer:
         self.dir, self.rank, self.keep, self.log = Path(ckpt_dir), rank, keep, log
         self.asynchronous, self.pipelined, self.hashes = asynchronous, pipelined, hashes
         self._released: Any = None
+        self._handed = 0.0
         self._hooked: tuple[Any, Any] | None = None
         self.stalls: list[float] = []
         self.pipelined_saves = 0
+        self.held: list[float] = []
         self.waits: list[float] = []
         self.persisted_s: list[float] = []
         """Seconds from hand-over to durable of each asynchronous save (of closed writers)."""
         self._persister: Any = None
         self._engine: Any = None
         self.die_persisting_at: int | None = None
+        """Test-only: SIGKILL this rank inside the persist of this step's checkpoint."""
         self.slow_s = 0.0
         """Test-only: each pipelined save's writer waits this long before it reads the live state."""
-        """Test-only: SIGKILL this rank inside the persist of this step's checkpoint."""
 
     def wait(self) -> None:
         """Until every save handed to the writer is durable (and committed, on rank 0)."""
@@ -193,12 +197,14 @@ class Checkpointer:
 
     def _before_update(self, *_: Any) -> None:
         """The optimizer's step pre-hook: a pipelined save still reading the live state holds the update."""
-        released = self._released
-        if released is None or released.is_set():
+        released, self._released = self._released, None
+        if released is None:
             return
-        start = time.perf_counter()
-        released.wait()
-        self.stalls[-1] += time.perf_counter() - start
+        if not released.is_set():
+            start = time.perf_counter()
+            released.wait()
+            self.stalls[-1] += time.perf_counter() - start
+        self.held.append(time.perf_counter() - self._handed)
 
     def _gate(self, engine: Any) -> bool:
         """Hook the optimizer's step for pipelined saves; False where a save must copy instead."""
@@ -316,6 +322,7 @@ class Checkpointer:
             slow_s=self.slow_s if pipelined else 0.0,
             stage=stage,
         )
+        self._handed = time.perf_counter()  # before the writer can start: `held` never undercounts
         self._persister.submit(job)
 
     def load(self, engine: Any, tag: str, load_optimizer_states: bool = True) -> Resume:

@@ -122,7 +122,8 @@ class Tiers:
 
     def report(self) -> dict[str, Any]:
         """What the saves cost this rank: seconds each held training (stall), waited for the previous save
-        to persist, and took to become durable in the background; how many were pipelined — per tier."""
+        to persist, and took to become durable in the background; how many were pipelined and how long each
+        of those held the next update — per tier."""
 
         def tier(c: Checkpointer) -> dict[str, Any]:
             return {
@@ -130,6 +131,7 @@ class Tiers:
                 "wait_s": c.waits,
                 "persist_s": c.persisted_s,
                 "pipelined_saves": c.pipelined_saves,
+                "held_s": c.held,
             }
 
         return {
