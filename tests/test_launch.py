@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 import subprocess
+import sys
 
 import pytest
 
@@ -136,3 +137,89 @@ def test_stale_jit_build_locks_are_reported_not_fresh_ones(tmp_path) -> None:
     os.utime(old, (time.time() - 3600, time.time() - 3600))
     assert stale_build_locks({"TORCH_EXTENSIONS_DIR": str(tmp_path)}) == [old]
     assert stale_build_locks({"TORCH_EXTENSIONS_DIR": str(tmp_path)}, min_age_s=0) == sorted([old, fresh])
+
+
+def test_ranks_on_other_nodes_get_the_environment_they_need(tmp_path) -> None:
+    """A rank that pdsh/ssh starts sees its node's login environment: dstk forwards what its runs depend on
+    (op cache, PATH, offline hubs, threads), the network interface and the cluster file's `env`, through the
+    `.deepspeed_env` file DeepSpeed's runner reads; what a remote shell or `srun --export` would re-read is
+    left out (forwarded) or refused (the cluster file's, naming the variable)."""
+    from toolkit.launcher.command import env_file_text, rank_env
+
+    cluster = load_cluster(
+        str(
+            _cluster_file(
+                tmp_path, ["a", "b"], network_interface="eth1", env={"NCCL_IB_HCA": "mlx5_0", "X": "a b"}
+            )
+        )
+    )
+    launcher = {
+        "TORCH_EXTENSIONS_DIR": "/w/.venv/torch_extensions",
+        "PATH": "/w/.venv/bin:/usr/bin",
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "4",
+        "DSTK_CACHE_DIR": "/c",
+        "HOME": "/root",  # the node's own
+        "SSH_AUTH_SOCK": "/tmp/agent",  # the node's own
+        "WANDB_API_KEY": "k$(reboot)",  # would run on every node: left out
+    }
+    env = rank_env(cluster, launcher)
+    assert env == {
+        "DSTK_CACHE_DIR": "/c",
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "4",
+        "PATH": "/w/.venv/bin:/usr/bin",
+        "TORCH_EXTENSIONS_DIR": "/w/.venv/torch_extensions",
+        "NCCL_SOCKET_IFNAME": "eth1",
+        "GLOO_SOCKET_IFNAME": "eth1",
+        "NCCL_IB_HCA": "mlx5_0",
+        "X": "a b",
+    }
+    assert env_file_text({"A": "1", "B": "x y"}) == "A=1\nB=x y\n"
+    for bad in ("$(reboot)", "a,b", 'q"', "a\nb"):
+        hostile = load_cluster(str(_cluster_file(tmp_path, ["a", "b"], env={"X": bad})))
+        with pytest.raises(UserError, match=r"^env\.X: "):
+            rank_env(hostile, {})
+
+
+def test_multi_node_launch_writes_the_rank_environment_and_passes_the_ssh_port(tmp_path) -> None:
+    cfg = tmp_path / "ds.json"
+    cfg.write_text('{"train_micro_batch_size_per_gpu": 1}')  # dstk launch validates it
+    path = _cluster_file(tmp_path, ["n1", "n2"], ssh_port=2222, env={"FOO": "bar"})
+    run_dir = tmp_path / "r"
+    r = dstk("launch", "--cluster", str(path), "--config", str(cfg), "--run-dir", str(run_dir), "--dry-run")
+    assert r.code == 0, r.err
+    argv = shlex.split(r.out)
+    assert argv[0] == f"DS_ENV_FILE={run_dir.resolve() / 'deepspeed_env'}"
+    assert argv[argv.index("--ssh_port") + 1] == "2222"
+    assert "FOO=bar\n" in (run_dir / "deepspeed_env").read_text()
+
+
+def test_slurm_backend_runs_dstk_as_a_script_without_an_ssh_check(tmp_path) -> None:
+    """DeepSpeed's slurm backend starts `srun ... python SCRIPT` (no --module) and would first `ssh` to the
+    first host; on the CPU accelerator `--num_gpus` would become srun's `--gpus-per-node`."""
+    from toolkit.launcher.command import RANK_SCRIPT, launcher_argv
+
+    cluster = load_cluster(str(_cluster_file(tmp_path, ["n1", "n2"], launcher="slurm", accelerator="cpu")))
+    argv = launcher_argv(cluster, ["--steps", "3"], hostfile="h", master_addr="n1", cwd="/w")
+    assert "--no_ssh_check" in argv and "--num_gpus" not in argv and "--module" not in argv
+    assert argv[argv.index(RANK_SCRIPT) :] == [RANK_SCRIPT, "train", "--steps", "3"]
+    proc = subprocess.run(
+        [sys.executable, RANK_SCRIPT, "train", "--help"], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert proc.returncode == 0 and "--checkpoint-dir" in proc.stdout, proc.stderr
+
+
+def test_a_task_srun_started_takes_its_rank_from_slurm() -> None:
+    from toolkit.run.runtime import adopt_slurm_task
+
+    task = {"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_STEP_NUM_TASKS": "4"}
+    assert adopt_slurm_task(task) and (task["RANK"], task["LOCAL_RANK"], task["WORLD_SIZE"]) == (
+        "3",
+        "1",
+        "4",
+    )
+    batch = {"SLURM_PROCID": "0", "SLURM_NTASKS": "4"}  # the batch script itself is not a rank
+    assert not adopt_slurm_task(batch) and "RANK" not in batch
+    launched = {"RANK": "1", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1"}  # deepspeed's launch set it
+    assert not adopt_slurm_task(launched) and launched["RANK"] == "1"

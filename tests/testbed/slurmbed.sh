@@ -1,7 +1,7 @@
 #!/bin/bash
-# Two-"node" test bed for the multi-node tests (pdsh/ssh and SLURM on loopback). Tested by hand on Debian
-# bookworm as root (packages: openssh-server openssh-client pdsh slurmctld slurmd slurm-client munge);
-# not yet started by the suite.
+# Two-"node" test bed for the multi-node tests (pdsh/ssh and SLURM on loopback), started and stopped by
+# tests/test_multinode.py; Debian bookworm as root (install.sh installs openssh-server openssh-client pdsh
+# slurmctld slurmd slurm-client munge when missing).
 # Throwaway SLURM cluster on one host: munged + slurmctld + two slurmd ("node1", "node2").
 #   ./slurmbed.sh up      start everything, wait until both nodes are idle
 #   ./slurmbed.sh down    stop everything (by pidfile), verify nothing is left
@@ -114,7 +114,7 @@ killpid() {  # killpid pidfile [signal]
   for i in $(seq 100); do alive "$pid" || break; sleep 0.05; done
   alive "$pid" && kill -KILL "$pid" 2>/dev/null || true
   rm -f "$f"
-  echo "stopped $(basename "$f" .pid) in $(echo "$(date +%s.%N) - $t0" | bc)s"
+  echo "stopped $(basename "$f" .pid) in $(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { printf "%.2f", a - b }')s"
 }
 
 down() {

@@ -1,7 +1,7 @@
 #!/bin/bash
-# Two-"node" test bed for the multi-node tests (pdsh/ssh and SLURM on loopback). Tested by hand on Debian
-# bookworm as root (packages: openssh-server openssh-client pdsh slurmctld slurmd slurm-client munge);
-# not yet started by the suite.
+# Two-"node" test bed for the multi-node tests (pdsh/ssh and SLURM on loopback), started and stopped by
+# tests/test_multinode.py; Debian bookworm as root (install.sh installs openssh-server openssh-client pdsh
+# slurmctld slurmd slurm-client munge when missing).
 # Throwaway two-"node" ssh test bed on loopback.
 #   ./sshbed.sh up     -> starts sshd on 127.0.0.1:2222 and 127.0.0.2:2222
 #   ./sshbed.sh down   -> kills sshd by pidfile

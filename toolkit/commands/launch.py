@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     import yaml
 
     from toolkit.errors import UserError
-    from toolkit.launcher.command import deepspeed_command, hostfile_text
+    from toolkit.launcher.command import deepspeed_command, env_file_text, hostfile_text, rank_env
     from toolkit.launcher.job import built_op, remove_shm_buffers, run_job, stale_build_locks
 
     if args.max_restarts < 0:
@@ -184,15 +184,25 @@ def run(args: argparse.Namespace) -> int:
     launch = deepspeed_command(
         cluster, hostfile, program, master_port=args.master_port, include=args.include, exclude=args.exclude
     )
-    args.run_dir.mkdir(parents=True, exist_ok=True)
-    hostfile.write_text(text)
-    cluster_file.write_text(yaml.safe_dump(cluster.model_dump(exclude_none=True), sort_keys=False))
-    if args.dry_run:
-        print(launch.shell())
-        return 0
+    import dataclasses
     import os
 
     env = {**os.environ, **launch.env}
+    if cluster.accelerator == "cpu" and "OMP_NUM_THREADS" not in env:
+        # each rank would otherwise start one OpenMP thread per core: N ranks oversubscribe the cores N times
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cluster.gpus_per_node))
+    ranks_env = rank_env(cluster, env) if cluster.nodes > 1 else None
+    args.run_dir.mkdir(parents=True, exist_ok=True)
+    hostfile.write_text(text)
+    cluster_file.write_text(yaml.safe_dump(cluster.model_dump(exclude_none=True), sort_keys=False))
+    if ranks_env is not None:  # what every rank on every node gets (DeepSpeed's runner reads DS_ENV_FILE)
+        env_file = (args.run_dir / "deepspeed_env").resolve()
+        env_file.write_text(env_file_text(ranks_env))
+        launch = dataclasses.replace(launch, env={**launch.env, "DS_ENV_FILE": str(env_file)})
+        env["DS_ENV_FILE"] = str(env_file)
+    if args.dry_run:
+        print(launch.shell())
+        return 0
     for lock in stale_build_locks(env):
         print(
             f"dstk launch: warning: {lock} is a stale JIT build lock (a killed build); ranks that need this op "
@@ -207,9 +217,6 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-    if cluster.accelerator == "cpu" and "OMP_NUM_THREADS" not in env:
-        # each rank would otherwise start one OpenMP thread per core: N ranks oversubscribe the cores N times
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cluster.gpus_per_node))
     argv = [sys.executable, "-m", "deepspeed.launcher.runner", *launch.argv[1:]]
     log = args.run_dir / "launch_events.jsonl"
     attempt = 0
@@ -280,9 +287,13 @@ def _write_slurm(args: argparse.Namespace, cluster: object) -> int:
 
     import yaml
 
+    from toolkit.launcher.command import env_file_text, rank_env
     from toolkit.launcher.slurm import SlurmOptions, sbatch_script
 
     run_dir = args.run_dir.resolve()
+    multi = cluster.nodes > 1  # type: ignore[attr-defined]
+    ranks_env = rank_env(cluster, dict(os.environ)) if multi else None  # type: ignore[arg-type]
+    env_file = run_dir / "deepspeed_env" if multi else None
     program = _program(args, run_dir / "cluster.yaml", cluster)
     options = SlurmOptions(
         job_name=args.job_name or _default_job_name(program),
@@ -302,8 +313,12 @@ def _write_slurm(args: argparse.Namespace, cluster: object) -> int:
         include=args.include,
         exclude=args.exclude,
         max_restarts=args.max_restarts,
+        env_file=env_file,
+        bin_dir=Path(sys.executable).parent if (Path(sys.executable).parent / "deepspeed").exists() else None,
     )
     run_dir.mkdir(parents=True, exist_ok=True)  # sbatch opens --output there before the script starts
+    if env_file is not None and ranks_env is not None:
+        env_file.write_text(env_file_text(ranks_env))
     (run_dir / "cluster.yaml").write_text(
         yaml.safe_dump(cluster.model_dump(exclude_none=True), sort_keys=False)  # type: ignore[attr-defined]
     )

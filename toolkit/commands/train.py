@@ -275,6 +275,9 @@ def run(args: argparse.Namespace) -> int:
     lora = _lora(args.lora, block.layout.lora if block.layout else None)
     guard = _guard_options(args)
     faults = tuple(Fault.parse(f) for f in args.inject_fault or ())
+    from toolkit.run.runtime import adopt_slurm_task
+
+    adopt_slurm_task()  # a rank srun started (DeepSpeed's slurm backend) knows its place from SLURM's variables
     world = int(os.environ.get("WORLD_SIZE", "1"))
     request = request_from_config(config, world)  # DeepSpeed's batch arithmetic for this world, before torch
     from toolkit.run.preflight import check_resume

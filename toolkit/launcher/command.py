@@ -104,6 +104,65 @@ def network_env(cluster: ClusterSpec) -> dict[str, str]:
     return env
 
 
+FORWARDED = (
+    "DSTK_",
+    "HF_",
+    "TRANSFORMERS_",
+    "WANDB_",
+    "TORCH_EXTENSIONS_DIR",
+    "OMP_NUM_THREADS",
+    "PATH",
+    "VIRTUAL_ENV",
+    "TOKENIZERS_PARALLELISM",
+)
+"""Launcher variables (names, or prefixes ending in `_`) every rank of a multi-node job gets as well: DeepSpeed's
+runner forwards only PYTHON*, MLFLOW*, MV2*, UCX* and the accelerator's own (NCCL* on CUDA, none on CPU), and
+a rank started over ssh sees the node's login environment. Without these a remote rank finds another `PATH`
+(no `ninja` for DeepSpeed's JIT ops), another op cache (`TORCH_EXTENSIONS_DIR`: a minute of rebuilding), and
+goes online where the launcher was offline (`HF_HUB_OFFLINE`)."""
+
+ENV_VALUE = re.compile(r"[^\"$`\\\n\r,]*")
+"""What an `.deepspeed_env` value may hold. The pdsh backend sends `export KEY=VALUE;` to a remote shell, in double
+quotes where the value has a space or other special character (`MultiNodeRunner.add_export`), so `"`, `$`,
+backquotes and backslashes would be interpreted there; the slurm backend joins the values into one
+`srun --export=ALL,K=V,...`, so a comma would split one. A line must be one KEY=VALUE."""
+
+
+def _env_word(key: str, value: str) -> bool:
+    return bool(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key)) and bool(ENV_VALUE.fullmatch(value))
+
+
+def rank_env(cluster: ClusterSpec, environ: dict[str, str]) -> dict[str, str]:
+    """What every rank of a multi-node job must see, whichever node it starts on: the FORWARDED part of the
+    launcher's environment (values a remote shell would re-read are left out), then the network interface, then
+    the cluster file's `env` (a bad one is a UserError naming it)."""
+    env = {
+        k: v
+        for k, v in sorted(environ.items())
+        if any(k == f or (f.endswith("_") and k.startswith(f)) for f in FORWARDED) and _env_word(k, v)
+    }
+    env.update(network_env(cluster))
+    for key, value in (cluster.env or {}).items():
+        if not _env_word(key, value):
+            raise UserError(
+                f"env.{key}: {value!r} cannot reach the ranks intact (a variable name, and a value without "
+                "quotes, $, backquotes, backslashes, commas or newlines: DeepSpeed's launchers pass it through "
+                "a remote shell or srun --export)"
+            )
+        env[key] = value
+    return env
+
+
+def env_file_text(env: dict[str, str]) -> str:
+    """`env` as DeepSpeed's `.deepspeed_env` (read by the runner from `DS_ENV_FILE`): one KEY=VALUE per line."""
+    return "".join(f"{k}={v}\n" for k, v in env.items())
+
+
+RANK_SCRIPT = str(Path(__file__).parents[1] / "__main__.py")
+"""`dstk` as a script, for the slurm backend: it starts `python SCRIPT ARGS` on every task and ignores
+`--module`. The path is this installation's, so the nodes must share it (the usual shared filesystem)."""
+
+
 MPI_LAUNCHERS = frozenset({"openmpi", "mpich", "impi", "mvapich"})
 """DeepSpeed backends that start every rank through `mpirun`; DeepSpeed 0.19.8 refuses `--num_nodes`,
 `--num_gpus`, `--include` and `--exclude` with them (`multinode_runner.py`, `validate_args`): the hostfile's
@@ -162,13 +221,22 @@ def launcher_argv(
             f"--include/--exclude: DeepSpeed's {cluster.launcher} backend does not support worker "
             "include/exclusion; list only the wanted hosts instead"
         )
+    slurm = multi and cluster.launcher == "slurm"
     if not (include or exclude or mpi):
-        argv += ["--num_nodes", str(cluster.nodes), "--num_gpus", str(cluster.gpus_per_node)]
+        argv += ["--num_nodes", str(cluster.nodes)]
+        if not (slurm and cluster.accelerator == "cpu"):  # srun would ask for --gpus-per-node
+            argv += ["--num_gpus", str(cluster.gpus_per_node)]
     argv += ["--master_port", str(master_port)]
     if multi:
         if master_addr is None:
             raise UserError("master_addr: a multi-node launch needs the rank-0 host")
         argv += ["--master_addr", master_addr, "--launcher", cluster.launcher]
+        if cluster.ssh_port is not None and cluster.launcher == "pdsh":
+            argv += ["--ssh_port", str(cluster.ssh_port)]
+        if (
+            slurm
+        ):  # srun reaches the nodes; the runner's `ssh HOST hostname` check would fail where no sshd is
+            argv += ["--no_ssh_check"]
     for flag, value in (("--include", include), ("--exclude", exclude)):
         if value:
             if not re.fullmatch(r"[A-Za-z0-9._:,@-]+", value):
@@ -182,10 +250,12 @@ def launcher_argv(
         argv += ["--no_local_rank", "--module"]
     elif program and program[0].endswith(".py"):
         words = list(program)
+    elif slurm:
+        words = [RANK_SCRIPT, "train", *program]
     else:
         module, words = True, ["toolkit.cli", "train", *program]
         argv += ["--no_local_rank", "--module"]
-    if multi and cluster.launcher == "slurm" and module:
+    if slurm and module:
         raise UserError(
             "launcher: DeepSpeed's slurm backend runs `python SCRIPT` and ignores --module (multinode_runner.py); "
             "give a .py script, or use launcher pdsh in the cluster file"
@@ -208,7 +278,8 @@ def deepspeed_command(
     """The launcher command for a cluster whose hosts are known now (its `hostnames`, or localhost).
 
     A single local node gets no `--hostfile`: with one, DeepSpeed's runner treats the job as multi-node and
-    insists on ssh to localhost. `cwd` is where the launcher will run (default: here).
+    insists on ssh to localhost. `cwd` is where the launcher will run (default: here). `env` is what the
+    launcher itself needs; the ranks of a multi-node job get `rank_env` through a `.deepspeed_env` file.
     """
     names = hosts(cluster)
     master = check_hostname(cluster.master_addr or names[0], "master_addr") if cluster.nodes > 1 else None

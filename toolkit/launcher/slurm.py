@@ -181,12 +181,17 @@ def sbatch_script(
     include: str | None = None,
     exclude: str | None = None,
     max_restarts: int = 0,
+    env_file: Path | None = None,
+    bin_dir: Path | None = None,
 ) -> str:
     """The sbatch script text. `run_dir` and `workdir` must be absolute (the job may start elsewhere).
 
     The launcher command is :func:`toolkit.launcher.command.launcher_argv`, exactly as `dstk launch` builds it, with
     the hostfile written at start-up and `--master_addr "${MASTER_ADDR}"`. `max_restarts` > 0 reruns a failed
-    launcher with `--resume auto` appended, as `dstk launch --max-restarts` does.
+    launcher with `--resume auto` appended, as `dstk launch --max-restarts` does. `env_file`: the
+    `.deepspeed_env` the ranks of a multi-node job get (`DS_ENV_FILE`), as `dstk launch` writes it.
+    `bin_dir`: where dstk's `deepspeed` is, put on PATH when the job's environment has none (a virtualenv
+    that the submitting shell had not activated).
     """
     if not (run_dir.is_absolute() and workdir.is_absolute()):
         raise ValueError("sbatch_script: run_dir and workdir must be absolute")
@@ -205,6 +210,8 @@ def sbatch_script(
         cwd=str(workdir),
     )
     env = {"MASTER_PORT": str(master_port), **network_env(cluster)}
+    if env_file is not None:
+        env["DS_ENV_FILE"] = str(env_file)
     command = command_lines(argv)
     body = [
         "#!/bin/bash",
@@ -214,6 +221,11 @@ def sbatch_script(
         "# Submit with sbatch from the environment dstk runs in (sbatch exports it to the job).",
         "set -euo pipefail",
         f"cd -- {shlex.quote(str(workdir))}",
+        *(
+            [f'command -v deepspeed > /dev/null || export PATH={shlex.quote(str(bin_dir))}:"$PATH"']
+            if bin_dir is not None
+            else []
+        ),
         *_hostfile_block(cluster, hostfile),
         *[f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())],
     ]

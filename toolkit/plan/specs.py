@@ -253,6 +253,11 @@ class ClusterSpec(BaseModel):
     """NIC for NCCL/gloo bootstrap (exported as NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME), e.g. ib0."""
     master_addr: str | None = None
     """Address of the rank-0 node (default: the first hostname)."""
+    ssh_port: int | None = Field(default=None, gt=0, lt=65536)
+    """sshd port on the nodes for the pdsh launcher (`deepspeed --ssh_port`; default: ssh's own, 22)."""
+    env: dict[str, str] | None = None
+    """Environment every rank on every node gets (`export` before the rank starts, via DeepSpeed's
+    `.deepspeed_env`): a remote shell starts from the node's login environment, not the launcher's."""
     framework_overhead_gib: float = Field(default=1.0, ge=0)
     """Memory per rank the engine holds before any tensor: CUDA context, NCCL/gloo buffers, allocator reserve."""
 

@@ -23,6 +23,11 @@ class Runtime:
     device: Any
     accelerator: str
     """DeepSpeed accelerator name: "cuda", "cpu", ..."""
+    node: int = 0
+    """This rank's node among `nodes` (CROSS_RANK from DeepSpeed's per-node launcher, SLURM_NODEID under srun)."""
+    nodes: int = 1
+    host: str = ""
+    """The node's name: SLURMD_NODENAME under srun (several slurmd may share a host), else the hostname."""
 
     @property
     def is_main(self) -> bool:
@@ -33,6 +38,25 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def adopt_slurm_task(environ: Any = os.environ) -> bool:
+    """Give a task that `srun` started the torch.distributed variables; True if it was one.
+
+    DeepSpeed's slurm backend starts every rank as `srun ... python SCRIPT`: the task has SLURM_PROCID,
+    SLURM_LOCALID and SLURM_STEP_NUM_TASKS (srun sets them for job steps, not the batch script) but not the
+    RANK/LOCAL_RANK/WORLD_SIZE that `deepspeed.init_distributed` reads, and without them it falls back to MPI
+    discovery (mpi4py) and fails. MASTER_ADDR/MASTER_PORT come from the sbatch script's exports, which
+    `srun --export=ALL` passes on.
+    """
+    if "RANK" in environ or "SLURM_PROCID" not in environ or "SLURM_STEP_NUM_TASKS" not in environ:
+        return False
+    environ.update(
+        RANK=environ["SLURM_PROCID"],
+        LOCAL_RANK=environ.get("SLURM_LOCALID", "0"),
+        WORLD_SIZE=environ["SLURM_STEP_NUM_TASKS"],
+    )
+    return True
 
 
 def init_distributed() -> Runtime:
@@ -56,6 +80,9 @@ def init_distributed() -> Runtime:
         world_size=dist.get_world_size(),
         device=accel.device_name(local_rank),
         accelerator=accel.device_name(),
+        node=int(os.environ.get("CROSS_RANK") or os.environ.get("SLURM_NODEID") or 0),
+        nodes=int(os.environ.get("CROSS_SIZE") or os.environ.get("SLURM_STEP_NUM_NODES") or 1),
+        host=os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
     )
 
 

@@ -194,6 +194,8 @@ def main(run: TrainRun) -> dict[str, Any]:
         "ignore", message=".*all_gather_into_tensor.* is deprecated", category=FutureWarning
     )
     rt = init_distributed()
+    if rt.nodes > 1:  # where each rank landed: the first thing to know when a multi-node launch goes wrong
+        print(f"rank {rt.rank} of {rt.world_size} on {rt.host} (node {rt.node} of {rt.nodes})", flush=True)
     try:
         layout = layout_from_config(run.config, rt.world_size)
         data = run.data or _prepare_default_data(run, rt)

@@ -1,0 +1,259 @@
+"""Two "nodes" on this machine, for real: sshd + pdsh and a SLURM cluster (munged, slurmctld, two slurmd) on
+the loopback addresses 127.0.0.1 (`node1`) and 127.0.0.2 (`node2`), started and stopped by this module.
+
+`tests/testbed/install.sh` installs the Debian packages when they are missing (as root; the tests fail with its
+reason when it cannot), `sshbed.sh` starts sshd on port 2222 with throwaway keys and puts the two names in
+/etc/hosts, `slurmbed.sh` starts the SLURM daemons with a throwaway config; the fixture stops them all and
+checks nothing is left. The runs compare with the shared single-node runs (`zero_runs`): same weights, data
+and config on one node with two ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.cli import REPO
+from tests.conftest import STEPS, train_args, zero_config
+from tests.distributed import Job, dstk_cmd, free_port
+
+pytestmark = pytest.mark.multiprocess
+
+BED = REPO / "tests" / "testbed"
+
+
+@dataclass
+class Bed:
+    root: Path
+    env: dict[str, str]
+    """The environment a user of the two nodes has: `ssh` that reaches them (a wrapper first on PATH using
+    the bed's ssh config: port, key), and SLURM_CONF for sbatch/squeue/scancel."""
+
+    def cluster(self, path: Path, launcher: str, **extra: object) -> Path:
+        data = {
+            "name": "two-node",
+            "nodes": 2,
+            "gpus_per_node": 1,
+            "accelerator": "cpu",
+            "gpu_memory_gib": 8,
+            "gpu_peak_tflops": 1,
+            "intra_node_gb_per_s": 10,
+            "inter_node_gb_per_s": 5,
+            "cpu_memory_gib": 16,
+            "launcher": launcher,
+            **extra,
+        }
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        return path
+
+    def run(self, *argv: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            list(argv), env=self.env, cwd=REPO, capture_output=True, text=True, timeout=timeout
+        )
+
+
+def _bed_processes(root: Path) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if str(root) in line and not line.lstrip().startswith("Z")]
+
+
+@pytest.fixture(scope="module")
+def bed():
+    import shutil
+    import tempfile
+
+    # not under pytest's tmp directories: they are 0700, and munged refuses a socket in a path others cannot
+    # traverse ("Socket is inaccessible: execute permissions for all required")
+    root = Path(tempfile.mkdtemp(prefix="dstk-bed-"))
+    root.chmod(0o755)
+    env = {**os.environ, "SSHBED_DIR": str(root / "ssh"), "SLURMBED_DIR": str(root / "slurm")}
+
+    def sh(script: str, *args: str, check: bool = True) -> str:
+        proc = subprocess.run(
+            ["bash", str(BED / script), *args], env=env, capture_output=True, text=True, timeout=900
+        )
+        if check and proc.returncode != 0:
+            pytest.fail(f"tests/testbed/{script} {' '.join(args)}: {(proc.stdout + proc.stderr)[-3000:]}")
+        return proc.stdout
+
+    sh("install.sh")
+    try:
+        sh("sshbed.sh", "up")
+        sh("sshbed.sh", "hosts-add")
+        nodes = sh("slurmbed.sh", "up")
+        assert "node1 idle" in nodes and "node2 idle" in nodes, nodes
+        path = f"{root / 'ssh' / 'bin'}{os.pathsep}{env['PATH']}"
+        yield Bed(root, {**env, "PATH": path, "SLURM_CONF": str(root / "slurm" / "slurm.conf")})
+    finally:
+        sh("slurmbed.sh", "down", check=False)
+        sh("sshbed.sh", "down", check=False)
+        sh("sshbed.sh", "hosts-del", check=False)
+    for _ in range(50):  # processes that got SIGTERM may take a moment to go
+        if not _bed_processes(root):
+            break
+        time.sleep(0.1)
+    assert not _bed_processes(root), _bed_processes(root)
+    assert "# sshbed" not in Path("/etc/hosts").read_text()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _launch(
+    bed: Bed, cluster: Path, run_dir: Path, cfg: Path, *args: str, launch: tuple[str, ...] = ()
+) -> Job:
+    proc = bed.run(
+        *dstk_cmd(
+            "launch", "--cluster", str(cluster), "--config", str(cfg), "--run-dir", str(run_dir / "launch"),
+            "--master-port", str(free_port()), *launch, "--", "--run-dir", str(run_dir), "--no-progress", *args,
+        )
+    )  # fmt: skip
+    return Job(proc.returncode, proc.stdout + proc.stderr, run_dir)
+
+
+def _placed(output: str) -> None:
+    """Each rank said where it runs, in pdsh's per-host output: rank 0 on node1, rank 1 on node2."""
+    assert any(
+        line.startswith("node1: rank 0 of 2 on ") and "(node 0 of 2)" in line for line in output.splitlines()
+    )
+    assert any(
+        line.startswith("node2: rank 1 of 2 on ") and "(node 1 of 2)" in line for line in output.splitlines()
+    )
+
+
+def test_pdsh_launch_on_two_nodes_is_the_one_node_computation(
+    tmp_path, bed, zero_runs, prepared_data, init_weights
+):
+    """`dstk launch --cluster two-node.yaml` (node1, node2, one rank each, sshd on port 2222): DeepSpeed's
+    runner starts `deepspeed.launcher.launch` on each node through pdsh/ssh, the ranks find each other over
+    gloo, and ZeRO-3 gives the single-node run's losses (fp32, 1e-6). The cluster file's `env` reaches the
+    remote shells (the pdsh command exports it), and a run directory a remote shell would re-parse is refused
+    before anything starts."""
+    cluster = bed.cluster(tmp_path / "two-node.yaml", "pdsh", hostnames=["node1", "node2"], ssh_port=2222,
+                          env={"DSTK_BED_MARK": "two nodes"})  # fmt: skip
+    cfg = zero_config(tmp_path / "z3.json", 3)
+    job = _launch(
+        bed,
+        cluster,
+        tmp_path / "run",
+        cfg,
+        *train_args(prepared_data, STEPS, "--init-from", str(init_weights)),
+    )
+    assert job.code == 0, job.output[-4000:]
+    _placed(job.output)
+    assert (
+        "pdsh -S -f 1024 -w node1,node2" in job.output and 'export DSTK_BED_MARK="two nodes";' in job.output
+    )
+    reference = zero_runs[3].summary
+    assert job.summary["losses"] == pytest.approx(reference["losses"], rel=1e-6, abs=1e-6)
+    assert job.summary["param_norm"] == pytest.approx(reference["param_norm"], rel=1e-6)
+
+    hostile = tmp_path / "run;$(touch canary)"
+    refused = _launch(bed, cluster, hostile, cfg, *train_args(prepared_data, STEPS))
+    assert refused.code == 2 and "would be re-parsed by the remote shell" in refused.output, refused.output[
+        -2000:
+    ]
+    assert not list(REPO.glob("canary")) and not list(tmp_path.rglob("canary"))
+
+
+def test_pdsh_rank_killed_on_node2_restarts_across_both_nodes(
+    tmp_path, bed, zero_runs, prepared_data, init_weights
+):
+    """ZeRO-2 across node1 and node2, checkpoints every 3 steps; SIGKILL the rank on node2 at step 5. Its
+    node's launcher exits, rank 0 on node1 fails on the broken gloo connection, pdsh reports the failure, and
+    `dstk launch --max-restarts 1` starts both nodes again from step 3: the run ends with the single-node
+    run's losses (fp32, 1e-6)."""
+    cluster = bed.cluster(tmp_path / "two-node.yaml", "pdsh", hostnames=["node1", "node2"], ssh_port=2222)
+    cfg = zero_config(tmp_path / "z2.json", 2)
+    ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--save-every", "3"]
+    crash = ["--crash-at-step", "5", "--crash-rank", "1"]
+    args = train_args(prepared_data, STEPS, "--init-from", str(init_weights), *ckpt, *crash)
+    job = _launch(bed, cluster, tmp_path / "run", cfg, *args, launch=("--max-restarts", "1"))
+    assert job.code == 0, job.output[-4000:]
+    events = [
+        json.loads(x) for x in (tmp_path / "run" / "launch" / "launch_events.jsonl").read_text().splitlines()
+    ]
+    assert [e["exit_code"] != 0 for e in events] == [True, False], events
+    assert f"resumed from {tmp_path / 'ckpt' / 'step00000003'} at step 3" in job.output
+    assert job.output.count("node2: rank 1 of 2 on ") == 2  # both attempts placed rank 1 on node2
+    reference = zero_runs[2].summary
+    assert job.summary["losses"] == pytest.approx(reference["losses"], rel=1e-6, abs=1e-6)
+
+
+def _sbatch(bed: Bed, script: Path) -> str:
+    proc = bed.run("sbatch", "--parsable", str(script), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().split(";")[0]
+
+
+def _wait_gone(bed: Bed, job: str, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if not bed.run("squeue", "-h", "-j", job, "-o", "%T", timeout=30).stdout.strip():
+            return
+        time.sleep(0.5)
+    pytest.fail(f"SLURM job {job} still queued or running after {timeout} s")
+
+
+def test_sbatch_script_trains_on_two_nodes_and_resumes_when_resubmitted_after_scancel(
+    tmp_path, bed, zero_runs, prepared_data, init_weights
+):
+    """The script `dstk launch --slurm` writes for a two-node cluster with `launcher: slurm`, in a run directory
+    whose name holds `;`, `$()` and backquotes, submitted with the real `sbatch`: the batch step builds the
+    hostfile from SLURM_JOB_NODELIST, DeepSpeed's slurm backend starts the two ranks with `srun` (one per node),
+    they train. `scancel` mid-run (SIGTERM to every task) leaves a checkpoint; the same script submitted again
+    resumes from it (`--resume auto`) and ends with the single-node ZeRO-2 run's losses (fp32, 1e-6)."""
+    cluster = bed.cluster(tmp_path / "two-node-slurm.yaml", "slurm")
+    cfg = zero_config(tmp_path / "z2.json", 2)
+    run_dir = tmp_path / "slurm run;$(touch canary)`touch canary`"
+    ckpt = run_dir / "ckpt"
+    args = train_args(prepared_data, STEPS, "--init-from", str(init_weights), "--checkpoint-dir", str(ckpt))
+    args += [
+        "--save-every",
+        "100",
+        "--resume",
+        "auto",
+        "--inject-fault",
+        "2+:slow",
+    ]  # steps 2-10 take 0.5 s more
+    script = tmp_path / "job.sbatch"
+    wrote = bed.run(
+        *dstk_cmd(
+            "launch", "--cluster", str(cluster), "--config", str(cfg), "--run-dir", str(run_dir),
+            "--master-port", str(free_port()), "--slurm", str(script), "--time", "10",
+            "--", "--run-dir", str(run_dir / "train"), "--no-progress", *args,
+        )
+    )  # fmt: skip
+    assert wrote.returncode == 0, wrote.stderr
+    assert "--launcher slurm" in script.read_text()
+
+    first = _sbatch(bed, script)
+    metrics = run_dir / "train" / "metrics.jsonl"
+    deadline = time.time() + 300
+    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):
+        assert time.time() < deadline, (run_dir / f"slurm-{first}.out").read_text()[-3000:]
+        time.sleep(0.2)
+    assert bed.run("scancel", first).returncode == 0
+    _wait_gone(bed, first)
+    cancelled = (run_dir / f"slurm-{first}.out").read_text()
+    assert (
+        "rank 0 of 2 on node1 (node 0 of 2)" in cancelled
+        and "rank 1 of 2 on node2 (node 1 of 2)" in cancelled
+    )
+    stopped = [line for line in cancelled.splitlines() if line.startswith("stopped by SIGTERM after step ")]
+    assert stopped, cancelled[-3000:]
+    step = int(stopped[0].split("after step ")[1].split(";")[0])
+    assert 3 <= step < STEPS
+
+    second = _sbatch(bed, script)
+    _wait_gone(bed, second)
+    resumed = (run_dir / f"slurm-{second}.out").read_text()
+    assert f"resumed from {ckpt / f'step{step:08d}'} at step {step}" in resumed, resumed[-3000:]
+    summary = json.loads((run_dir / "train" / "summary.json").read_text())
+    assert summary["losses"] == pytest.approx(zero_runs[2].summary["losses"], rel=1e-6, abs=1e-6)
+    assert not list(tmp_path.rglob("canary")) and not list(REPO.glob("canary"))
