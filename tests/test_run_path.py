@@ -79,7 +79,7 @@ def test_bf16_trains_with_accumulation_eval_and_export(tmp_path, prepared_data) 
 
 def test_zero3_construction_never_materialises_the_model(tmp_path) -> None:
     """zero.Init through HfDeepSpeedConfig: partitioned before initialize, RSS growth < 0.6 × fp32 size for
-    a 300M model, and the first loss of a properly initialised model (≈ ln(vocab))."""
+    a 216M model, and the first loss of a properly initialised model (≈ ln(vocab))."""
     proc = run_script(REPO / "tests" / "scripts" / "zero3_build.py", [str(tmp_path)])
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     for rank in (0, 1):

@@ -22,8 +22,8 @@ def main(out: Path) -> None:
 
     rt = init_distributed()
     spec = ModelSpec(
-        name="zero3-300m",
-        n_layers=24,
+        name="zero3-216m",
+        n_layers=17,  # 216M parameters: above the 200M the test asks for, at 70 % of the cost of 24
         hidden_size=1024,
         n_heads=16,
         vocab_size=2048,
