@@ -34,16 +34,25 @@ os.environ["DSTK_CACHE_DIR"] = tempfile.mkdtemp(prefix="dstk-test-cache-")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Modules that launch processes first, the one of the shared ZeRO runs before all, so the long ones do
-    not start last and leave one worker idle at the end; each module's tests stay together and in order (the
-    xdist scheduler, `--dist loadfile`, gives a whole module to one worker)."""
+    """Modules that launch processes first, the main one of the shared ZeRO runs before all, so the long ones
+    do not start last and leave one worker idle at the end; the other modules that compare with the shared
+    runs take their usual place among those that launch, by which time the runs are made (put at the head
+    beside the main one, a second such module kept one worker waiting 160 s for them). Each module's tests
+    stay together and in order (the xdist scheduler, `--dist loadfile`, gives a whole module to one worker)."""
     module = {id(i): i.nodeid.split("::")[0] for i in items}
-    shared = {module[id(i)] for i in items if "zero_runs" in i.fixturenames}
+    users = [module[id(i)] for i in items if "zero_runs" in i.fixturenames]
     heavy = {module[id(i)] for i in items if i.get_closest_marker("multiprocess")}
     first: dict[str, int] = {}
     for n, item in enumerate(items):
         first.setdefault(module[id(item)], n)
-    items.sort(key=lambda i: (module[id(i)] not in shared, module[id(i)] not in heavy, first[module[id(i)]]))
+
+    maker = max(set(users), key=users.count) if users else None  # the module that uses them most
+
+    def key(item: pytest.Item) -> tuple[bool, bool, int]:
+        m = module[id(item)]
+        return (m != maker, m not in heavy, first[m])
+
+    items.sort(key=key)
 
 
 def _made_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], Any]) -> Any:
