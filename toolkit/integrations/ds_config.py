@@ -224,14 +224,9 @@ def build_ds_config(
     }
     if layout.tp > 1:
         cfg["tensor_parallel"] = {"autotp_size": layout.tp}
-    if model.family.native_moe and layout.ep > 1:
-        # HF's own MoE blocks are sharded by DeepSpeed's AutoEP; dense models made MoE by dstk pass ep_size
-        # to deepspeed.moe.layer.MoE in code instead (toolkit/parallel/moe.py)
-        cfg["expert_parallel"] = {
-            "enabled": True,
-            "autoep_size": layout.ep,
-            "preset_model": model.architecture,
-        }
+    # expert parallelism needs no config section: dstk builds DeepSpeed MoE layers with ep_size in code, from
+    # dense models (toolkit/parallel/moe.py) and from HF's own sparse blocks (toolkit/parallel/hf_moe.py; not
+    # DeepSpeed's AutoEP `expert_parallel` section, which fails on transformers 5)
     if layout.sp > 1:
         cfg["sequence_parallel_size"] = layout.sp
     if layout.pp > 1:

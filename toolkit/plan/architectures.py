@@ -14,9 +14,10 @@ Sources, per field:
 - `pipeline`: the families `toolkit/parallel/pipeline.py` can cut into a DeepSpeed PipelineModule.
 - `sdpa`: transformers 5.24 has no SDPA path for BLOOM ("does not support an attention implementation through
   torch.nn.functional.scaled_dot_product_attention yet"); it runs eager attention.
-- `native_moe`: Mixtral's experts live in the HF model (fused `gate_up_proj` E × 2f × h in transformers 5), are
-  sharded by DeepSpeed's AutoEP and accept ZeRO-3; other families become MoE through DeepSpeed's own MoE layer,
-  one module per expert, which the engine refuses at stage 3.
+- `native_moe`: Mixtral's experts live in the HF model (fused `gate_up_proj` E × 2f × h in transformers 5); at
+  ep = 1 the block stays HF's (a ZeRO-3 leaf module), with expert parallelism dstk moves it into DeepSpeed's
+  MoE layer with HF's own router (toolkit/parallel/hf_moe.py); other families become MoE through DeepSpeed's
+  MoE layer, one module per expert. The engine refuses its MoE layer at stage 3.
 - `lora_targets`: peft's default target modules for the family (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING).
 
 Standard library only: `dstk plan` imports this.

@@ -164,18 +164,17 @@ def _pipeline_with_tp(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -
 
 
 def _native_moe_zero3(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
-    """dstk turns dense GPT-2/Llama models into MoE with DeepSpeed's own MoE layer, which the engine refuses at
-    stage 3 ("Native DeepSpeed MoE is not supported with ZeRO Stage 3. Use AutoEP or choose ZeRO stage 1/2.",
-    runtime/engine.py); HF's Mixtral goes through AutoEP instead, which accepts stage 3."""
-    if m.is_moe and not m.family.native_moe and r.zero_stage == 3:
-        return f"--zero-stage: DeepSpeed MoE layers ({m.architecture} with experts) need ZeRO stage 1 or 2, not 3"
-    return None
-
-
-def _autoep_zero3(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
-    """AutoEP with ZeRO-3 forbids sequence parallelism, quantized gradients and hpZ (runtime/engine.py)."""
-    if m.is_moe and m.family.native_moe and r.zero_stage == 3 and (r.sp > 1 or r.zeropp):
-        return "--zero-stage: AutoEP at ZeRO stage 3 allows neither --sp > 1 nor --zeropp"
+    """dstk's experts are DeepSpeed's own MoE layers — dense GPT-2/Llama made MoE, and HF's sparse blocks
+    (Mixtral, ...) with expert parallelism — which the engine refuses at stage 3 ("Native DeepSpeed MoE is not
+    supported with ZeRO Stage 3. Use AutoEP or choose ZeRO stage 1/2.", runtime/engine.py). An HF sparse block
+    at ep = 1 stays HF's, a ZeRO-3 leaf module."""
+    if m.is_moe and r.zero_stage == 3 and (not m.family.native_moe or r.ep > 1):
+        what = (
+            f"{m.architecture} with experts"
+            if not m.family.native_moe
+            else f"{m.architecture} with --ep {r.ep}"
+        )
+        return f"--zero-stage: DeepSpeed MoE layers ({what}) need ZeRO stage 1 or 2, not 3"
     return None
 
 
@@ -238,7 +237,6 @@ RULES: tuple[Rule, ...] = (
     Rule("pipeline_supports_architecture", _pipeline_architecture, scope="deepspeed"),
     Rule("hf_pipeline_is_data_parallel_only", _pipeline_with_tp, scope="deepspeed"),
     Rule("native_moe_needs_zero_le_2", _native_moe_zero3, scope="deepspeed"),
-    Rule("autoep_zero3_limits", _autoep_zero3, scope="deepspeed"),
     Rule("tp_sequence_parallel_needs_megatron", _tp_sp_needs_megatron, scope="deepspeed"),
     Rule("lora_targets_exist", _lora_targets),
     Rule("lora_is_data_parallel", _lora_data_parallel, scope="deepspeed"),

@@ -67,13 +67,20 @@ def _check_data(model: ModelSpec, data: Path) -> None:
 
 def _moe(model: Any, spec: ModelSpec, layout: Any) -> tuple[Any, Any]:
     """(router-loss collector, optimizer parameters): dense models with experts get DeepSpeed MoE layers and
-    expert parameter groups; Mixtral keeps its own block and adds its router loss to the HF loss itself."""
+    expert parameter groups; HF's own MoE models (Mixtral) add their router loss to the HF loss themselves, and
+    with expert parallelism their sparse blocks become DeepSpeed MoE layers routed by HF's router."""
     if not spec.is_moe:
         return None, model.parameters()
+    from toolkit.parallel.moe import convert_to_moe, optimizer_groups
+
     if spec.family.native_moe:
         model.config.output_router_logits = True
-        return None, model.parameters()
-    from toolkit.parallel.moe import convert_to_moe, optimizer_groups
+        if layout.ep == 1:
+            return None, model.parameters()
+        from toolkit.parallel.hf_moe import convert_hf_moe
+
+        convert_hf_moe(model, layout.ep)
+        return None, optimizer_groups(model)
 
     aux = convert_to_moe(model, spec, layout.ep)
     return aux, optimizer_groups(model)
