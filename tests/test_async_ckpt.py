@@ -119,3 +119,20 @@ def test_a_pipelined_save_releases_the_step_even_when_its_write_fails(tmp_path: 
     with pytest.raises(OSError):
         job.run(threading.Event())
     assert released.is_set()
+
+
+def test_snapshots_keep_tuple_types_that_deepspeed_reads_back() -> None:
+    """ZeRO-3 model states hold each parameter's shape as a `torch.Size`; DeepSpeed's zero_to_fp32 (under `dstk
+    export`) calls `.numel()` on it. A snapshot or a pipelined hold that made it a plain tuple broke the export
+    of every asynchronous ZeRO-3 checkpoint; named tuples keep their type too."""
+    from collections import namedtuple
+
+    from toolkit.run.async_ckpt import hold, snapshot
+
+    Pair = namedtuple("Pair", "a b")
+    state = {"param_shapes": [{"w": torch.Size([4, 2])}], "pair": Pair(torch.ones(1), 2), "plain": (1, 2)}
+    for copy in (snapshot(state), hold(state)):
+        shape = copy["param_shapes"][0]["w"]
+        assert type(shape) is torch.Size and shape.numel() == 8
+        assert type(copy["pair"]) is Pair and copy["pair"].b == 2
+        assert type(copy["plain"]) is tuple and copy["plain"] == (1, 2)

@@ -258,3 +258,38 @@ def test_sigint_then_sigterm_to_launch_stop_the_job_at_checkpoints_it_resumes_fr
     reference = zero_runs[1].summary
     assert resumed.summary["losses"] == pytest.approx(reference["losses"], rel=1e-6, abs=1e-6)
     assert resumed.summary["param_norm"] == pytest.approx(reference["param_norm"], rel=1e-6)
+
+
+def test_asynchronous_checkpoints_of_zero0_and_zero3_export_to_the_same_hf_weights(
+    tmp_path, zero_runs
+) -> None:
+    """`dstk export` of the shared runs' final asynchronous checkpoints: ZeRO-3's (its fp32 partitions merged by
+    DeepSpeed's zero_to_fp32, which needs each parameter's shape as the `torch.Size` the engine saved — the
+    asynchronous snapshot once turned it into a plain tuple and the export failed) and ZeRO-0's (the whole
+    module) give the same HF weights (fp32, 1e-5): the stages are the same computation."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tests.cli import dstk
+    from tests.distributed import TEST_MODEL
+
+    weights = {}
+    for stage in (0, 3):
+        ckpt = zero_runs[stage].run_dir.parent / f"ckpt{stage}"
+        out = tmp_path / f"hf{stage}"
+        r = dstk(
+            "export",
+            "--model",
+            TEST_MODEL,
+            "--checkpoint",
+            str(ckpt),
+            "--tag",
+            "step00000010",
+            "--out",
+            str(out),
+        )
+        assert r.code == 0, r.err
+        weights[stage] = AutoModelForCausalLM.from_pretrained(out).state_dict()
+    assert weights[0].keys() == weights[3].keys()
+    for key, value in weights[0].items():
+        assert torch.allclose(weights[3][key], value, rtol=1e-5, atol=1e-5), key

@@ -82,10 +82,19 @@ def snapshot(item: Any, pool: SnapshotPool | None = None) -> Any:
     if isinstance(item, list):
         return [snapshot(v, pool) for v in item]
     if isinstance(item, tuple):
-        return tuple(snapshot(v, pool) for v in item)
+        return same_tuple(item, [snapshot(v, pool) for v in item])
     if isinstance(item, dict):
         return type(item)((k, snapshot(v, pool)) for k, v in item.items())
     return item
+
+
+def same_tuple(original: tuple[Any, ...], values: list[Any]) -> tuple[Any, ...]:
+    """`values` as a tuple of `original`'s type: DeepSpeed's ZeRO-3 model states keep each parameter's shape
+    as a `torch.Size`, and its `zero_to_fp32` (dstk export) calls `.numel()` on it — a plain tuple there
+    fails with "'tuple' object has no attribute 'numel'". Named tuples take their fields positionally."""
+    if hasattr(original, "_fields"):
+        return type(original)(*values)
+    return type(original)(values)
 
 
 def hold(item: Any) -> Any:
@@ -99,7 +108,7 @@ def hold(item: Any) -> Any:
     if isinstance(item, list):
         return [hold(v) for v in item]
     if isinstance(item, tuple):
-        return tuple(hold(v) for v in item)
+        return same_tuple(item, [hold(v) for v in item])
     if isinstance(item, dict):
         return type(item)((k, hold(v)) for k, v in item.items())
     if isinstance(item, (str, bytes, int, float, bool, type(None), torch.Size)):
