@@ -106,6 +106,17 @@ def _rendezvous_port(asked: int | None, probe: bool) -> int:
     return free
 
 
+def _rank_env_file(cluster: Any, environ: dict[str, str], run_dir: Path) -> tuple[Path, str] | None:
+    """Where a multi-node job's `.deepspeed_env` goes (absolute: the runner reads it from DS_ENV_FILE) and its
+    text (toolkit.launcher.command.rank_env); None for one node. Computed before anything is written, so a
+    bad `env` in the cluster file is refused first."""
+    from toolkit.launcher.command import env_file_text, rank_env
+
+    if cluster.nodes == 1:
+        return None
+    return (run_dir / "deepspeed_env").resolve(), env_file_text(rank_env(cluster, environ))
+
+
 def _check_config(path: Path, cluster: Any, train_args: list[str]) -> None:
     """DeepSpeed's verdict on the config for the world about to start, and what resuming will meet, before any
     rank does: a bad batch, a config planned for another world size, a checkpoint of another stage or model
@@ -164,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
     import yaml
 
     from toolkit.errors import UserError
-    from toolkit.launcher.command import deepspeed_command, env_file_text, hostfile_text, rank_env
+    from toolkit.launcher.command import deepspeed_command, hostfile_text
     from toolkit.launcher.job import built_op, remove_shm_buffers, run_job, stale_build_locks
 
     if args.max_restarts < 0:
@@ -191,13 +202,13 @@ def run(args: argparse.Namespace) -> int:
     if cluster.accelerator == "cpu" and "OMP_NUM_THREADS" not in env:
         # each rank would otherwise start one OpenMP thread per core: N ranks oversubscribe the cores N times
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cluster.gpus_per_node))
-    ranks_env = rank_env(cluster, env) if cluster.nodes > 1 else None
+    ranks_env = _rank_env_file(cluster, env, args.run_dir)
     args.run_dir.mkdir(parents=True, exist_ok=True)
     hostfile.write_text(text)
     cluster_file.write_text(yaml.safe_dump(cluster.model_dump(exclude_none=True), sort_keys=False))
     if ranks_env is not None:  # what every rank on every node gets (DeepSpeed's runner reads DS_ENV_FILE)
-        env_file = (args.run_dir / "deepspeed_env").resolve()
-        env_file.write_text(env_file_text(ranks_env))
+        env_file, env_text = ranks_env
+        env_file.write_text(env_text)
         launch = dataclasses.replace(launch, env={**launch.env, "DS_ENV_FILE": str(env_file)})
         env["DS_ENV_FILE"] = str(env_file)
     if args.dry_run:
@@ -287,13 +298,10 @@ def _write_slurm(args: argparse.Namespace, cluster: object) -> int:
 
     import yaml
 
-    from toolkit.launcher.command import env_file_text, rank_env
     from toolkit.launcher.slurm import SlurmOptions, sbatch_script
 
     run_dir = args.run_dir.resolve()
-    multi = cluster.nodes > 1  # type: ignore[attr-defined]
-    ranks_env = rank_env(cluster, dict(os.environ)) if multi else None  # type: ignore[arg-type]
-    env_file = run_dir / "deepspeed_env" if multi else None
+    ranks_env = _rank_env_file(cluster, dict(os.environ), run_dir)
     program = _program(args, run_dir / "cluster.yaml", cluster)
     options = SlurmOptions(
         job_name=args.job_name or _default_job_name(program),
@@ -313,12 +321,12 @@ def _write_slurm(args: argparse.Namespace, cluster: object) -> int:
         include=args.include,
         exclude=args.exclude,
         max_restarts=args.max_restarts,
-        env_file=env_file,
+        env_file=ranks_env[0] if ranks_env is not None else None,
         bin_dir=Path(sys.executable).parent if (Path(sys.executable).parent / "deepspeed").exists() else None,
     )
     run_dir.mkdir(parents=True, exist_ok=True)  # sbatch opens --output there before the script starts
-    if env_file is not None and ranks_env is not None:
-        env_file.write_text(env_file_text(ranks_env))
+    if ranks_env is not None:
+        ranks_env[0].write_text(ranks_env[1])
     (run_dir / "cluster.yaml").write_text(
         yaml.safe_dump(cluster.model_dump(exclude_none=True), sort_keys=False)  # type: ignore[attr-defined]
     )

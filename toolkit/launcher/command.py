@@ -233,9 +233,8 @@ def launcher_argv(
         argv += ["--master_addr", master_addr, "--launcher", cluster.launcher]
         if cluster.ssh_port is not None and cluster.launcher == "pdsh":
             argv += ["--ssh_port", str(cluster.ssh_port)]
-        if (
-            slurm
-        ):  # srun reaches the nodes; the runner's `ssh HOST hostname` check would fail where no sshd is
+        # srun reaches the nodes; the runner's `ssh HOST hostname` check would fail where no sshd is
+        if slurm:
             argv += ["--no_ssh_check"]
     for flag, value in (("--include", include), ("--exclude", exclude)):
         if value:

@@ -2,7 +2,8 @@
 
 ZeRO-1/2/3 checkpoints are merged with DeepSpeed's own `get_fp32_state_dict_from_zero_checkpoint` (the
 fp32 master weights, gathered from every rank's partition); a ZeRO-0 checkpoint already holds the whole
-module; an expert-parallel HF MoE model is put back into HF's layout from DeepSpeed's per-expert files. Only complete checkpoints (with a valid dstk manifest) are exported.
+module; an expert-parallel HF MoE model is put back into HF's layout from DeepSpeed's per-expert files.
+Only complete checkpoints (with a valid dstk manifest) are exported.
 """
 
 from __future__ import annotations
@@ -31,9 +32,8 @@ def export(
     problem = check(ckpt_dir / tag)
     if problem:
         raise UserError(f"--tag: {ckpt_dir / tag} is not a complete checkpoint: {problem}")
-    if any(
-        (ckpt_dir / tag).glob("layer_*_expert_*_model_states.pt")
-    ):  # DeepSpeed MoE layers: one file per expert
+    # DeepSpeed MoE layers: one file per expert
+    if any((ckpt_dir / tag).glob("layer_*_expert_*_model_states.pt")):
         if not spec.family.native_moe:
             raise UserError(
                 f"--model: {spec.name} was trained with DeepSpeed MoE layers in place of its MLPs; HF has no "
