@@ -13,6 +13,7 @@ from tests.distributed import config, launch
 pytestmark = pytest.mark.multiprocess
 MOE = str(REPO / "tests" / "models" / "tiny-test-moe.yaml")
 MIXTRAL = str(REPO / "tests" / "models" / "tiny-test-mixtral.yaml")
+QWEN2_MOE = str(REPO / "tests" / "models" / "tiny-test-qwen2-moe.yaml")
 
 
 def _args(data, steps, model, *extra):
@@ -122,8 +123,10 @@ def test_hf_moe_blocks_become_deepspeed_moe_layers_routed_exactly_as_hf() -> Non
         assert r["expert_grads"] and r["experts_marked"], (name, r)
 
 
-def test_mixtral_with_expert_parallelism_is_the_ep1_computation(tmp_path, prepared_data) -> None:
-    """Tiny Mixtral at ZeRO-2 in fp32 on 2 ranks, 10 steps: with --ep 2 each rank holds 2 of the 4 experts of
+@pytest.mark.parametrize("model", [MIXTRAL, QWEN2_MOE], ids=["mixtral", "qwen2_moe"])
+def test_hf_moe_with_expert_parallelism_is_the_ep1_computation(tmp_path, prepared_data, model: str) -> None:
+    """Tiny Mixtral and tiny Qwen2-MoE (whose gated shared expert stays dense, outside DeepSpeed's MoE layer)
+    at ZeRO-2 in fp32 on 2 ranks, 10 steps: with --ep 2 each rank holds 2 of the 4 experts of
     every block (exactly the estimate's expert parameters per rank) and the tokens travel by all-to-all, yet
     the losses — HF's router loss included — are those of --ep 1, where every rank holds every expert. Both
     final checkpoints go through `dstk export` (DeepSpeed's per-expert files put back into HF's fused
@@ -136,21 +139,21 @@ def test_mixtral_with_expert_parallelism_is_the_ep1_computation(tmp_path, prepar
     runs, logits = {}, {}
     for ep in (1, 2):
         cfg = config(
-            tmp_path / f"ep{ep}.json", "--model", MIXTRAL, "--ep", str(ep), "--zero-stage", "2",
+            tmp_path / f"ep{ep}.json", "--model", model, "--ep", str(ep), "--zero-stage", "2",
             "--precision", "fp32", "--micro-batch", "4", "--global-batch", "8", "--lr", "3e-3",
             "--train-steps", "10", "--warmup-steps", "2", "--log-dir", str(tmp_path / f"logs{ep}"),
         )  # fmt: skip
         ckpt = ["--checkpoint-dir", str(tmp_path / f"ckpt{ep}")]
         runs[ep] = launch(
-            tmp_path / f"run{ep}", cfg, _args(prepared_data, 10, MIXTRAL, "--log-every", "1", *ckpt)
+            tmp_path / f"run{ep}", cfg, _args(prepared_data, 10, model, "--log-every", "1", *ckpt)
         )
         assert runs[ep].code == 0, runs[ep].output[-4000:]
         out = tmp_path / f"hf{ep}"
-        exported = dstk("export", "--model", MIXTRAL, "--checkpoint", ckpt[1], "--out", str(out))
+        exported = dstk("export", "--model", model, "--checkpoint", ckpt[1], "--out", str(out))
         assert exported.code == 0, exported.err
-        model = AutoModelForCausalLM.from_pretrained(out).eval()
+        hf = AutoModelForCausalLM.from_pretrained(out).eval()
         with torch.no_grad():
-            logits[ep] = model(input_ids=torch.arange(64).reshape(2, 32)).logits
+            logits[ep] = hf(input_ids=torch.arange(64).reshape(2, 32)).logits
     assert torch.allclose(logits[2], logits[1], rtol=1e-4, atol=1e-4)
     one, two = runs[1].summary, runs[2].summary
     assert two["losses"] == pytest.approx(one["losses"], rel=1e-4, abs=1e-4)

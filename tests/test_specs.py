@@ -9,7 +9,7 @@ import pytest
 from toolkit.errors import UserError
 from toolkit.plan.hf_config import to_hf_config
 from toolkit.plan.load import load_cluster, load_model, model_from_params
-from toolkit.plan.params import count_params
+from toolkit.plan.params import count_params, tensor_numels
 from toolkit.plan.presets import preset_names
 from toolkit.plan.specs import ClusterSpec, ModelSpec
 
@@ -118,6 +118,33 @@ def test_core_only_file_is_a_gpt_decoder(tmp_path) -> None:
             "tie_word_embeddings": True,
         },
         {"model_type": "bloom", "n_layer": 2, "hidden_size": 64, "n_head": 4, "vocab_size": 500},
+        {
+            "model_type": "qwen2_moe",
+            "num_hidden_layers": 4,
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "intermediate_size": 160,
+            "vocab_size": 500,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 48,
+            "shared_expert_intermediate_size": 96,
+            "decoder_sparse_step": 2,
+        },
+        {
+            "model_type": "qwen3_moe",
+            "num_hidden_layers": 2,
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "intermediate_size": 160,
+            "vocab_size": 500,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 48,
+        },
     ],
     ids=lambda d: d["model_type"],
 )
@@ -134,6 +161,109 @@ def test_hf_config_json_counts_like_hf(tmp_path, hf: dict) -> None:
         model = AutoModelForCausalLM.from_config(config)
     assert spec.architecture == hf["model_type"]
     assert count_params(spec).total == sum(p.numel() for p in model.parameters())
+
+
+# The config.json files as published on the HF hub (Qwen/Qwen1.5-MoE-A2.7B, Qwen/Qwen3-30B-A3B), verbatim but for
+# the tokenizer ids and dtype, which do not change the shape.
+QWEN_MOE_HUB_CONFIGS = {
+    "Qwen1.5-MoE-A2.7B": (
+        {
+            "architectures": ["Qwen2MoeForCausalLM"],
+            "attention_dropout": 0.0,
+            "decoder_sparse_step": 1,
+            "hidden_act": "silu",
+            "hidden_size": 2048,
+            "initializer_range": 0.02,
+            "intermediate_size": 5632,
+            "max_position_embeddings": 8192,
+            "max_window_layers": 21,
+            "model_type": "qwen2_moe",
+            "moe_intermediate_size": 1408,
+            "norm_topk_prob": False,
+            "num_attention_heads": 16,
+            "num_experts": 60,
+            "num_experts_per_tok": 4,
+            "num_hidden_layers": 24,
+            "num_key_value_heads": 16,
+            "output_router_logits": False,
+            "rms_norm_eps": 1e-06,
+            "rope_theta": 1000000.0,
+            "router_aux_loss_coef": 0.001,
+            "shared_expert_intermediate_size": 5632,
+            "sliding_window": 32768,
+            "tie_word_embeddings": False,
+            "use_cache": True,
+            "use_sliding_window": False,
+            "vocab_size": 151936,
+        },
+        (14.3e9, 2.7e9),  # "14.3B parameters in total and 2.7B activated" (Qwen blog, 2024-03-28)
+    ),
+    "Qwen3-30B-A3B": (
+        {
+            "architectures": ["Qwen3MoeForCausalLM"],
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "decoder_sparse_step": 1,
+            "head_dim": 128,
+            "hidden_act": "silu",
+            "hidden_size": 2048,
+            "initializer_range": 0.02,
+            "intermediate_size": 6144,
+            "max_position_embeddings": 40960,
+            "max_window_layers": 48,
+            "mlp_only_layers": [],
+            "model_type": "qwen3_moe",
+            "moe_intermediate_size": 768,
+            "norm_topk_prob": True,
+            "num_attention_heads": 32,
+            "num_experts": 128,
+            "num_experts_per_tok": 8,
+            "num_hidden_layers": 48,
+            "num_key_value_heads": 4,
+            "output_router_logits": False,
+            "rms_norm_eps": 1e-06,
+            "rope_scaling": None,
+            "rope_theta": 1000000.0,
+            "router_aux_loss_coef": 0.001,
+            "sliding_window": None,
+            "tie_word_embeddings": False,
+            "use_cache": True,
+            "use_sliding_window": False,
+            "vocab_size": 151936,
+        },
+        (30.5e9, 3.3e9),  # "30.5B total, 3.3B activated" (Qwen3 technical report, Table 2)
+    ),
+}
+
+
+@pytest.mark.parametrize("name", QWEN_MOE_HUB_CONFIGS)
+def test_published_qwen_moe_configs_count_as_published_and_as_hf(tmp_path, name: str) -> None:
+    """The hub's own config.json: the total and active counts are the model card's, the total equals
+    the HF model's, and the spec builds the same HF config back (routing renormalisation included)."""
+    torch = pytest.importorskip("torch")
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    data, (total, active) = QWEN_MOE_HUB_CONFIGS[name]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    spec = load_model(str(path))
+    pc = count_params(spec)
+    # the cards print one decimal (3.353e9 active is Qwen3's "3.3B")
+    assert pc.total == pytest.approx(total, rel=0.005) and pc.active == pytest.approx(active, rel=0.02)
+    config = AutoConfig.for_model(**to_hf_config(spec))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    assert sum(p.numel() for p in model.parameters()) == pc.total
+    assert config.norm_topk_prob == data["norm_topk_prob"]
+    assert [p.numel() for p in model.parameters()] == list(tensor_numels(spec))
+
+
+def test_qwen_moe_dense_layers_by_index_are_refused(tmp_path) -> None:
+    data = {**QWEN_MOE_HUB_CONFIGS["Qwen3-30B-A3B"][0], "mlp_only_layers": [0, 1]}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(UserError, match="mlp_only_layers"):
+        load_model(str(path))
 
 
 @pytest.mark.parametrize("target", [7.5e9, 175e9, 1e12, 1.3e9])
@@ -252,7 +382,7 @@ def test_the_table_agrees_with_the_hf_model_it_describes() -> None:
     pytest.importorskip("transformers")
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    for name in ("gpt2", "bloom", "llama", "qwen2"):
+    for name in ("gpt2", "bloom", "llama", "qwen2", "qwen2_moe", "qwen3_moe"):
         spec = ModelSpec(
             architecture=name, n_layers=1, hidden_size=32, n_heads=4, vocab_size=64, seq_length=16
         )

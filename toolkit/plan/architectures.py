@@ -5,16 +5,18 @@ rules in `run/grow.py`); the planner's rules, the cost model, the config generat
 table instead of testing `architecture == "..."` themselves.
 
 Sources, per field:
-- `defaults`: the HF config classes' own defaults (GPT2Config, BloomConfig, LlamaConfig, Qwen2Config in
-  transformers 5.x); a file with only the core shape names and no `architecture` is a GPT-2-style decoder.
+- `defaults`: the HF config classes' own defaults (GPT2Config, BloomConfig, LlamaConfig, Qwen2Config,
+  Qwen2MoeConfig — `qkv_bias` on, no o_proj bias, `norm_topk_prob` off — and Qwen3MoeConfig — q/k RMSNorm,
+  `norm_topk_prob` off — in transformers 5.x); a file with only the core shape names and no `architecture` is a GPT-2-style decoder.
 - `autotp`: DeepSpeed 0.19.8's AutoTP training shards a model through HF's `tp_plan` or its name heuristic. The
   heuristic refuses GPT-2 ("AutoTP not supported for model. Please use kernel injection since container policy
   for model exists", module_inject/auto_tp.py) and GPT-2 has no HF tp_plan; Llama trains on 2 gloo ranks, and
-  the parser accepts BLOOM, Mistral, Mixtral and Qwen2.
+  the parser accepts BLOOM, Mistral, Mixtral and Qwen2. Qwen2/3-MoE are left out until a run shows AutoTP
+  splitting their fused 3-D expert tensors.
 - `pipeline`: the families `toolkit/parallel/pipeline.py` can cut into a DeepSpeed PipelineModule.
 - `sdpa`: transformers 5.24 has no SDPA path for BLOOM ("does not support an attention implementation through
   torch.nn.functional.scaled_dot_product_attention yet"); it runs eager attention.
-- `native_moe`: Mixtral's experts live in the HF model (fused `gate_up_proj` E × 2f × h in transformers 5); at
+- `native_moe`: Mixtral's, Qwen2-MoE's and Qwen3-MoE's experts live in the HF model (fused `gate_up_proj` E × 2f × h in transformers 5); at
   ep = 1 the block stays HF's (a ZeRO-3 leaf module), with expert parallelism dstk moves it into DeepSpeed's
   MoE layer with HF's own router (toolkit/parallel/hf_moe.py); other families become MoE through DeepSpeed's
   MoE layer, one module per expert. The engine refuses its MoE layer at stage 3.
@@ -56,6 +58,11 @@ class ArchitectureFacts:
     what state-dict surgery, LoRA shapes and pipeline stages are written against."""
     conv1d: bool = False
     """Linear weights stored (in, out) as transformers' Conv1D (GPT-2); peft needs `fan_in_fan_out`."""
+    shared_expert: bool = False
+    """The HF sparse block can hold a gated, always-on shared expert (Qwen2-MoE)."""
+    experts_before_router: bool = False
+    """The HF sparse block registers its fused experts before its router (Qwen3-MoE): the flat order ZeRO-1/2
+    partition."""
 
     @property
     def attention_implementation(self) -> str:
@@ -85,7 +92,14 @@ _LLAMA_DEFAULTS = MappingProxyType(
 
 
 def _llama_like(
-    name: str, hf_prefix: str, *, native_moe: bool = False, **overrides: Any
+    name: str,
+    hf_prefix: str,
+    *,
+    native_moe: bool = False,
+    autotp: bool = True,
+    shared_expert: bool = False,
+    experts_before_router: bool = False,
+    **overrides: Any,
 ) -> ArchitectureFacts:
     return ArchitectureFacts(
         name=name,
@@ -95,11 +109,13 @@ def _llama_like(
         fused_qkv=False,
         residual_outputs=("self_attn.o_proj.", "mlp.down_proj."),
         lora_targets=("q_proj", "v_proj"),
-        autotp=True,
+        autotp=autotp,
         pipeline=not native_moe,
         sdpa=True,
         native_moe=native_moe,
         naming="llama",
+        shared_expert=shared_expert,
+        experts_before_router=experts_before_router,
     )
 
 
@@ -162,6 +178,25 @@ ARCHITECTURES: Mapping[str, ArchitectureFacts] = MappingProxyType(
         "mistral": _llama_like("mistral", "Mistral"),
         "mixtral": _llama_like("mixtral", "Mixtral", native_moe=True),
         "qwen2": _llama_like("qwen2", "Qwen2", attention_bias=True, attention_out_bias=False),
+        "qwen2_moe": _llama_like(
+            "qwen2_moe",
+            "Qwen2Moe",
+            native_moe=True,
+            autotp=False,
+            shared_expert=True,
+            attention_bias=True,
+            attention_out_bias=False,
+            moe_renormalize=False,
+        ),
+        "qwen3_moe": _llama_like(
+            "qwen3_moe",
+            "Qwen3Moe",
+            native_moe=True,
+            autotp=False,
+            experts_before_router=True,
+            qk_norm=True,
+            moe_renormalize=False,
+        ),
     }
 )
 

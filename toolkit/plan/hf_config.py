@@ -1,7 +1,7 @@
 """Translate an HF `config.json` into a :class:`~toolkit.plan.specs.ModelSpec` without importing transformers.
 
 Key names follow the HF config classes (GPT2Config, LlamaConfig, MistralConfig, MixtralConfig, Qwen2Config,
-BloomConfig), including their defaults for keys a file leaves out, so the count of the
+Qwen2MoeConfig, Qwen3MoeConfig, BloomConfig), including their defaults for keys a file leaves out, so the count of the
 resulting spec equals the HF model's.
 """
 
@@ -35,10 +35,36 @@ def _model_type(data: dict[str, Any]) -> str:
     if "model_type" in data:
         return str(data["model_type"])
     arch = str(data["architectures"][0]).lower()
-    for name in ("gpt2", "llama", "mixtral", "mistral", "qwen2", "bloom"):
-        if arch.startswith(name):
+    for prefix, name in _CLASS_PREFIXES:
+        if arch.startswith(prefix):
             return name
     return arch
+
+
+# `architectures` class-name prefixes (lower case) → model_type, longest first: Qwen2MoeForCausalLM is not Qwen2
+_CLASS_PREFIXES = (
+    ("gpt2", "gpt2"),
+    ("llama", "llama"),
+    ("mixtral", "mixtral"),
+    ("mistral", "mistral"),
+    ("qwen2moe", "qwen2_moe"),
+    ("qwen3moe", "qwen3_moe"),
+    ("qwen2", "qwen2"),
+    ("bloom", "bloom"),
+)
+_LLAMA_FAMILY = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3_moe")
+# Qwen2MoeConfig / Qwen3MoeConfig defaults (transformers 5.x) for the MoE keys a file may leave out
+_QWEN_MOE_DEFAULTS = {
+    "qwen2_moe": dict(
+        num_experts=60,
+        num_experts_per_tok=4,
+        moe_intermediate_size=1408,
+        shared_expert_intermediate_size=5632,
+    ),
+    "qwen3_moe": dict(
+        num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768, shared_expert_intermediate_size=0
+    ),
+}
 
 
 def _gpt2(data: dict[str, Any]) -> dict[str, Any]:
@@ -83,8 +109,36 @@ def _llama_family(data: dict[str, Any], model_type: str) -> dict[str, Any]:
     if model_type == "mixtral":
         spec["num_experts"] = data.get("num_local_experts", 8)
         spec["moe_top_k"] = data.get("num_experts_per_tok", 2)
+    if model_type in _QWEN_MOE_DEFAULTS:
+        spec.update(_qwen_moe(data, model_type))
     positions = spec.get("max_position_embeddings", 4096)
     spec["seq_length"] = min(positions, DEFAULT_MAX_SEQ_LENGTH)
+    return spec
+
+
+def _qwen_moe(data: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """Qwen2-MoE / Qwen3-MoE: the sparse block's keys. A block is sparse when `(i + 1) % decoder_sparse_step
+    == 0` and i is not in `mlp_only_layers` (modeling_qwen2_moe.py Qwen2MoeDecoderLayer); dstk's
+    `moe_layer_interval` is that step, and explicit dense layers are refused rather than miscounted."""
+    d = {**_QWEN_MOE_DEFAULTS[model_type], **{k: v for k, v in data.items() if v is not None}}
+    if d.get("mlp_only_layers"):
+        raise UserError(
+            f"mlp_only_layers: {d['mlp_only_layers']} is not supported; dstk models every "
+            "decoder_sparse_step-th block as sparse (give an empty list)"
+        )
+    spec: dict[str, Any] = dict(
+        # transformers 5 writes `num_local_experts` (its attribute map's name); the hub's files say num_experts
+        num_experts=d.get("num_local_experts", d["num_experts"]),
+        moe_top_k=d["num_experts_per_tok"],
+        moe_ffn_hidden_size=d["moe_intermediate_size"],
+        moe_layer_interval=d.get("decoder_sparse_step", 1),
+        moe_renormalize=d.get("norm_topk_prob", False),
+    )
+    if model_type == "qwen2_moe":
+        spec["attention_bias"] = d.get("qkv_bias", True)
+        spec["shared_expert_ffn_hidden_size"] = d["shared_expert_intermediate_size"]
+    else:
+        spec["attention_bias"] = d.get("attention_bias", False)
     return spec
 
 
@@ -95,12 +149,12 @@ def from_hf_config(data: dict[str, Any], source: str) -> dict[str, Any]:
         spec = _gpt2(data)
     elif model_type == "bloom":
         spec = _bloom(data)
-    elif model_type in ("llama", "mistral", "mixtral", "qwen2"):
+    elif model_type in _LLAMA_FAMILY:
         spec = _llama_family(data, model_type)
     else:
         raise UserError(
-            f"{source}: model_type: {model_type!r} is not supported; "
-            "valid: gpt2, llama, mistral, mixtral, qwen2, bloom (or describe the shape in a dstk YAML file)"
+            f"{source}: model_type: {model_type!r} is not supported; valid: gpt2, bloom, "
+            f"{', '.join(_LLAMA_FAMILY)} (or describe the shape in a dstk YAML file)"
         )
     spec["name"] = (
         str(data.get("_name_or_path") or data.get("name") or model_type).rsplit("/", 1)[-1] or model_type
@@ -159,4 +213,18 @@ def to_hf_config(spec: Any) -> dict[str, Any]:
         cfg.update(attention_bias=spec.attention_bias, mlp_bias=spec.mlp_bias)
     if arch == "mixtral":
         cfg.update(num_local_experts=spec.num_experts, num_experts_per_tok=spec.moe_top_k)
+    if arch in _QWEN_MOE_DEFAULTS:
+        cfg.update(
+            num_experts=spec.num_experts,
+            num_experts_per_tok=spec.moe_top_k,
+            moe_intermediate_size=spec.moe_ffn_hidden_size,
+            decoder_sparse_step=spec.moe_layer_interval,
+            norm_topk_prob=spec.moe_renormalize,
+        )
+    if arch == "qwen2_moe":
+        cfg.update(
+            qkv_bias=spec.attention_bias, shared_expert_intermediate_size=spec.shared_expert_ffn_hidden_size
+        )
+    if arch == "qwen3_moe":
+        cfg.update(attention_bias=spec.attention_bias)
     return cfg

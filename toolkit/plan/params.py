@@ -33,6 +33,8 @@ class ParamCount:
     block_norms: int
     router: int
     """Gate of one MoE block (h × E, no bias)."""
+    shared_expert: int
+    """Qwen2-MoE's always-on shared expert of one MoE block, with its sigmoid gate (h → 1): dense, TP-split."""
     expert: int
     """One expert's MLP including biases."""
     final_norm: int
@@ -83,7 +85,7 @@ class ParamCount:
     @property
     def total(self) -> int:
         blocks = self.n_layers * self.block_common + self.n_dense_layers * self.dense_mlp
-        moe = self.n_moe_layers * self.router + self.expert_total
+        moe = self.n_moe_layers * (self.router + self.shared_expert) + self.expert_total
         return self.embeddings + blocks + moe + self.head
 
     @property
@@ -103,7 +105,7 @@ def _mlp(hidden: int, ffn: int, gated: bool, bias: bool) -> tuple[int, int, int]
 def _largest_dense_leaf(spec: ModelSpec, q_width: int, kv_width: int) -> int:
     h = spec.hidden_size
     attention = h * (q_width + 2 * kv_width) if spec.family.fused_qkv else h * max(q_width, kv_width)
-    return max(attention, h * spec.ffn_hidden_size)
+    return max(attention, h * spec.ffn_hidden_size, h * spec.shared_expert_ffn_hidden_size)
 
 
 def _largest_expert_leaf(spec: ModelSpec) -> int:
@@ -136,6 +138,8 @@ def count_params(spec: ModelSpec) -> ParamCount:
     norm = 2 * h if spec.norm == "layernorm" else h
     mlp_w, mlp_sb, mlp_rb = _mlp(h, spec.ffn_hidden_size, spec.gated_mlp, spec.mlp_bias)
     ew, esb, erb = _mlp(h, spec.moe_ffn_hidden_size, spec.gated_mlp, spec.mlp_bias)
+    shared = spec.shared_expert_ffn_hidden_size
+    shared_params = sum(_mlp(h, shared, spec.gated_mlp, spec.mlp_bias)) + h if shared else 0
     return ParamCount(
         word_embedding=spec.vocab_size * h,
         position_embedding=spec.max_position_embeddings * h if spec.position_embedding == "learned" else 0,
@@ -146,8 +150,9 @@ def count_params(spec: ModelSpec) -> ParamCount:
         mlp_weights=mlp_w,
         mlp_sharded_bias=mlp_sb,
         mlp_replicated_bias=mlp_rb,
-        block_norms=2 * norm,
+        block_norms=2 * norm + (2 * d if spec.qk_norm else 0),
         router=h * spec.num_experts,
+        shared_expert=shared_params,
         expert=ew + esb + erb,
         final_norm=norm,
         lm_head=0 if spec.tied_embeddings else spec.vocab_size * h,
@@ -193,9 +198,9 @@ def tensor_numels(spec: ModelSpec) -> tuple[int, ...]:
         for j in range(spec.n_layers):
             out += [h * q] + ([q] if bias else []) + [h * kv] + ([kv] if bias else [])
             out += [h * kv] + ([kv] if bias else []) + [q * h] + ([h] if spec.attention_out_bias else [])
+            out += [d, d] if spec.qk_norm else []
             if spec.is_moe and (j + 1) % spec.moe_layer_interval == 0:
-                e, fe = spec.num_experts, spec.moe_ffn_hidden_size
-                out += [h * e, e * 2 * fe * h, e * h * fe]
+                out += _sparse_block_numels(spec)
             else:
                 for _ in range(3 if spec.gated_mlp else 2):
                     out += [h * f] + ([f] if spec.mlp_bias else [])
@@ -204,6 +209,20 @@ def tensor_numels(spec: ModelSpec) -> tuple[int, ...]:
     if not spec.tied_embeddings:
         out.append(spec.vocab_size * h)
     return tuple(out)
+
+
+def _sparse_block_numels(spec: ModelSpec) -> list[int]:
+    """An HF sparse block's tensors in registration order: Mixtral and Qwen2-MoE register the router first,
+    Qwen3-MoE the fused experts first; Qwen2-MoE's shared expert (gate, up, down) and its gate follow."""
+    h, e, fe, fs = (
+        spec.hidden_size,
+        spec.num_experts,
+        spec.moe_ffn_hidden_size,
+        spec.shared_expert_ffn_hidden_size,
+    )
+    experts = [e * 2 * fe * h, e * h * fe]
+    out = [*experts, h * e] if spec.family.experts_before_router else [h * e, *experts]
+    return out + ([h * fs, h * fs, fs * h, h] if fs else [])
 
 
 @lru_cache(maxsize=1024)

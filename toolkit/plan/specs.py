@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from toolkit.plan.architectures import ARCHITECTURES, ArchitectureFacts
 
-Architecture = Literal["gpt2", "llama", "mistral", "mixtral", "qwen2", "bloom"]
+Architecture = Literal["gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3_moe", "bloom"]
 Accelerator = Literal["cuda", "cpu", "xpu", "hpu", "npu", "mps"]
 Precision = Literal["bf16", "fp16", "fp32"]
 
@@ -93,6 +93,14 @@ class ModelSpec(BaseModel):
     """Inner width of one expert's MLP (default: ffn_hidden_size)."""
     moe_capacity_factor: float = Field(default=1.0, gt=0)
     """Expert capacity as a multiple of the even share of tokens (DeepSpeed MoE's default is 1.0)."""
+    moe_renormalize: bool = True
+    """The top-k routing weights are renormalised to sum to 1 (Mixtral; Qwen2/3-MoE's `norm_topk_prob`,
+    off by default there). No effect on sizes; it makes a model built from the spec route as the source."""
+    shared_expert_ffn_hidden_size: int = Field(default=0, ge=0)
+    """Inner width of an always-on shared expert beside the routed ones, with a sigmoid gate h → 1
+    (Qwen2-MoE's `shared_expert_intermediate_size`); 0: none."""
+    qk_norm: bool = False
+    """RMSNorm over each head's query and key (Qwen3): 2·head_dim weights per block (default by architecture)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -132,6 +140,11 @@ class ModelSpec(BaseModel):
             raise ValueError("num_experts: 1 expert is a dense model; use 0 (dense) or >= 2")
         if self.num_experts and self.moe_top_k > self.num_experts:
             raise ValueError(f"moe_top_k: {self.moe_top_k} exceeds num_experts({self.num_experts})")
+        if self.shared_expert_ffn_hidden_size and not (self.family.shared_expert and self.is_moe):
+            raise ValueError(
+                "shared_expert_ffn_hidden_size: only an MoE model of a family with a shared expert "
+                f"({', '.join(n for n, f in ARCHITECTURES.items() if f.shared_expert)}) has one"
+            )
         if self.num_experts and self.moe_layer_interval > self.n_layers:
             raise ValueError(
                 f"moe_layer_interval: {self.moe_layer_interval} exceeds n_layers({self.n_layers}); no block would be MoE"

@@ -56,6 +56,8 @@ def block_terms(model: ModelSpec, tokens: int, act_bytes: int, moe: bool) -> Act
     mask = MASK_BYTES if model.dropout else 0
     # Attention: Q and K for QKᵀ, V for the weighted sum, the input of the output projection.
     sharded = e * (q_width + kv_width) + e * kv_width + e * q_width
+    if model.qk_norm:  # Qwen3's per-head RMSNorm keeps its inputs (the projections' outputs) too
+        sharded += e * (q_width + kv_width)
     # Softmax output (and, with dropout, its mask and dropped-out copy): b·a·s² elements, i.e. a·s per token.
     per_token_scores = model.n_heads * s
     quadratic = per_token_scores * (e + (mask + e if mask else 0))
@@ -66,6 +68,8 @@ def block_terms(model: ModelSpec, tokens: int, act_bytes: int, moe: bool) -> Act
         mlp = _mlp_saved(model) * e * ffn * routed
         # dispatched tokens into the experts and their outputs before the combine
         mlp += 2 * e * h * routed
+        # Qwen2-MoE's shared expert: a dense MLP on every token, its gate's input and sigmoid
+        mlp += _mlp_saved(model) * e * model.shared_expert_ffn_hidden_size
     else:
         mlp = _mlp_saved(model) * e * model.ffn_hidden_size
     sharded += mlp

@@ -140,6 +140,15 @@ def block_forward_s(
         )
         t += _gemm_s(m, h, model.num_experts, e, peak, cluster)  # router
         ffn_tp = ffn * routed
+        shared = (
+            model.shared_expert_ffn_hidden_size
+        )  # Qwen2-MoE: a dense MLP beside the experts, and its gate
+        if shared:
+            t += _gemm_s(m, h, n_in * shared / tp, e, peak, cluster) + _gemm_s(
+                m, shared / tp, h, e, peak, cluster
+            )
+            t += _gemm_s(m, h, 1, e, peak, cluster)
+            ffn_tp += shared / tp
     else:
         ffn, n_in = model.ffn_hidden_size, (2 if model.gated_mlp else 1)
         t += _gemm_s(m, h, n_in * ffn / tp, e, peak, cluster) + _gemm_s(m, ffn / tp, h, e, peak, cluster)

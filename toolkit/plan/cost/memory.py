@@ -238,7 +238,7 @@ def rank_params(
     )
     dense_mlp = (pc.mlp_weights + pc.mlp_sharded_bias) / t + pc.mlp_replicated_bias
     dense_blocks = blocks - moe_blocks
-    dense = blocks * common + dense_blocks * dense_mlp + moe_blocks * pc.router
+    dense = blocks * common + dense_blocks * dense_mlp + moe_blocks * (pc.router + pc.shared_expert / t)
     expert = moe_blocks * pc.num_experts / ep * pc.expert
     # Megatron splits the word embedding over TP (VocabParallelEmbedding); DeepSpeed AutoTP keeps it whole and
     # splits only an untied LM head (measured: a 2-way AutoTP Llama holds the full embedding, half the head)
@@ -252,7 +252,10 @@ def rank_params(
         dense += pc.final_norm + head
         edge += pc.final_norm / t + head
     convention = (
-        blocks * (pc.block_common / t) + dense_blocks * pc.dense_mlp / t + moe_blocks * pc.router / t + edge
+        blocks * (pc.block_common / t)
+        + dense_blocks * pc.dense_mlp / t
+        + moe_blocks * (pc.router + pc.shared_expert) / t
+        + edge
     )
     small = pc.block_norms + pc.attention_replicated_bias + pc.mlp_replicated_bias
     small += (pc.attention_sharded_bias + pc.mlp_sharded_bias) / t
