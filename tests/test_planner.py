@@ -62,6 +62,14 @@ RULE_CASES = [
         dict(zero_stage=3, offload_param="nvme"),
         r"nvme_gib=0",
     ),
+    (
+        "offload_activations_needs_full_recompute",
+        "gpt2",
+        "dgx-a100-80g",
+        {},
+        dict(offload_activations=True, recompute="selective"),
+        r"needs --recompute full",
+    ),
     ("precision_supported", "gpt2", "cpu", {}, dict(precision="fp16"), r"fp16 is not supported"),
     (
         "onebit_needs_zero0",

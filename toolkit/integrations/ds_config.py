@@ -17,7 +17,6 @@ memory estimate assumed. Facts about DeepSpeed 0.19.8 this relies on:
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from toolkit.plan import recipes
 from toolkit.plan.layout import Layout
 from toolkit.plan.params import count_params
 from toolkit.plan.specs import ClusterSpec, ModelSpec
-from toolkit.plan.zero_knobs import derive_zero_knobs
+from toolkit.plan.zero_knobs import OPTIMIZER_SWAP_BUFFERS, PARAM_SWAP_BUFFERS, derive_zero_knobs
 
 
 class ConfigOptions(BaseModel):
@@ -109,14 +108,19 @@ def _zero_block(
     if layout.offload_optimizer != "none":
         block: dict[str, Any] = {"device": layout.offload_optimizer, "pin_memory": True}
         if layout.offload_optimizer == "nvme":
-            block.update(nvme_path=opts.nvme_path, buffer_count=4, fast_init=False)
+            block.update(nvme_path=opts.nvme_path, buffer_count=OPTIMIZER_SWAP_BUFFERS, fast_init=False)
         zero["offload_optimizer"] = block
     if layout.offload_param != "none":
         block = {"device": layout.offload_param, "pin_memory": True}
         if layout.offload_param == "nvme":
-            # every parameter must fit one swap buffer: size it to the largest (the word embedding)
-            largest = max(model.vocab_size * model.hidden_size // layout.tp, knobs.stage3_max_live_parameters)
-            block.update(nvme_path=opts.nvme_path, buffer_count=5, buffer_size=_round_up(largest, 2**20))
+            # one swap buffer per partition of the largest tensor; max_in_cpu 0, or DeepSpeed keeps every
+            # parameter of a rank owning under 1e9 in host memory and NVMe holds nothing (stage3.py:888-1003)
+            block.update(
+                nvme_path=opts.nvme_path,
+                buffer_count=PARAM_SWAP_BUFFERS,
+                buffer_size=knobs.nvme_param_buffer_size,
+                max_in_cpu=knobs.nvme_max_in_cpu,
+            )
         zero["offload_param"] = block
     if layout.zeropp:
         zero.update(
@@ -130,10 +134,6 @@ def _zero_block(
 def hpz_partition_size(cluster: ClusterSpec, layout: Layout) -> int:
     """ZeRO++'s secondary weight partition spans the data-parallel ranks of one node (Wang et al. 2023, §3.2)."""
     return max(1, min(layout.dp, cluster.gpus_per_node // (layout.tp * layout.sp)))
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return int(math.ceil(n / multiple) * multiple)
 
 
 def _optimizer_blocks(
@@ -238,18 +238,22 @@ def build_ds_config(
         }
     if layout.recompute != "none":
         cfg["activation_checkpointing"] = {
-            "partition_activations": layout.tp > 1,
+            # DeepSpeed moves checkpoints to the host only on the partitioning path: cpu_checkpointing alone
+            # empties the saved input on a synchronized (CPU) accelerator (checkpointing.py:484-495); with tp=1
+            # partitioning is a clone, so nothing is lost by turning it on
+            "partition_activations": layout.tp > 1 or layout.offload_activations,
             "contiguous_memory_optimization": False,
-            "cpu_checkpointing": False,
+            "cpu_checkpointing": layout.offload_activations,
             "number_checkpoints": None,
             "synchronize_checkpoint_boundary": False,
             "profile": False,
         }
     if "nvme" in (layout.offload_optimizer, layout.offload_param):
+        # DeepSpeed 0.19.8's keys (runtime/swap_tensor/aio_config.py); the older `thread_count` is ignored
         cfg["aio"] = {
             "block_size": 1048576,
             "queue_depth": 8,
-            "thread_count": 1,
+            "intra_op_parallelism": 1,
             "single_submit": False,
             "overlap_events": True,
         }

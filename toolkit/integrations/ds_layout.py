@@ -238,6 +238,7 @@ def request_from_config(
         recompute="full" if cfg.get("activation_checkpointing") else "none",
         offload_optimizer=_offload(zero, "offload_optimizer"),
         offload_param=_offload(zero, "offload_param"),
+        offload_activations=bool((cfg.get("activation_checkpointing") or {}).get("cpu_checkpointing")),
         zeropp=bool(zero.get("zero_quantized_weights") or zero.get("zero_quantized_gradients")),
     )
 
@@ -269,8 +270,10 @@ def knobs_from_config(
     zero = cfg.get("zero_optimization") or {}
     default = written_by_dstk if written_by_dstk is not None else deepspeed_default_knobs(layout)
     values = {}
+    offload_param = zero.get("offload_param") or {}
+    nested = {"nvme_param_buffer_size": "buffer_size", "nvme_max_in_cpu": "max_in_cpu"}
     for name, fallback in default.__dict__.items():
-        value = zero.get(name)
+        value = offload_param.get(nested[name]) if name in nested else zero.get(name)
         ok = isinstance(value, bool) if isinstance(fallback, bool) else integral(value) and value >= 0
         values[name] = (bool(value) if isinstance(fallback, bool) else int(value)) if ok else fallback
     return ZeroKnobs(**values)

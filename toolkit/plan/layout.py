@@ -43,6 +43,7 @@ LAYOUT_FLAGS: dict[str, str] = {
     "recompute": "--recompute",
     "offload_optimizer": "--offload-optimizer",
     "offload_param": "--offload-param",
+    "offload_activations": "--offload-activations",
     "precision": "--precision",
     "optimizer": "--optimizer",
     "tp_sequence_parallel": "--tp-sequence-parallel",
@@ -80,6 +81,10 @@ class LayoutRequest(BaseModel):
     """Where ZeRO keeps optimizer states (ZeRO-Offload / ZeRO-Infinity)."""
     offload_param: OffloadDevice = "none"
     """Where ZeRO-3 keeps parameters between uses (ZeRO-Infinity)."""
+    offload_activations: bool = False
+    """Keep the checkpointed block inputs of full recomputation in host memory (DeepSpeed's
+    `activation_checkpointing.cpu_checkpointing`, ZeRO-Infinity's activation offload): the GPU holds a few
+    block inputs instead of one per block, at a PCIe copy each way per block and micro-batch."""
     precision: Precision | None = None
     """Training precision (default: bf16 where supported, else fp16, else fp32)."""
     optimizer: Optimizer = "adamw"
@@ -150,6 +155,8 @@ class Layout(LayoutRequest):
                 text += " zero++"
             if self.offload_optimizer != "none" or self.offload_param != "none":
                 text += f" offload {self.offload_optimizer}/{self.offload_param}"
+            if self.offload_activations:
+                text += " act-offload"
             return text
         parts = [f"ZeRO-{self.zero_stage}", f"tp={self.tp}", f"pp={self.pp}", f"dp={self.dp}"]
         if self.ep > 1:
@@ -167,6 +174,8 @@ class Layout(LayoutRequest):
             parts.append(f"offload_optimizer={self.offload_optimizer}")
         if self.offload_param != "none":
             parts.append(f"offload_param={self.offload_param}")
+        if self.offload_activations:
+            parts.append("offload_activations=cpu")
         if self.optimizer != "adamw":
             parts.append(self.optimizer)
         return " ".join(parts)

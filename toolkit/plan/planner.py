@@ -19,8 +19,15 @@ from typing import Any
 from toolkit.errors import UserError
 from toolkit.plan import recipes
 from toolkit.plan.checkpoint_interval import CheckpointPlan, checkpoint_lines, plan_for
-from toolkit.plan.cost.estimate import Estimate, estimate, estimate_memory, host_fits, nvme_fits
-from toolkit.plan.cost.memory import GIB
+from toolkit.plan.cost.estimate import (
+    Estimate,
+    estimate,
+    estimate_memory,
+    host_fits,
+    host_need,
+    nvme_fits,
+)
+from toolkit.plan.cost.memory import GIB, Memory
 from toolkit.plan.layout import Layout, LayoutRequest, data_parallel_size, default_precision, precision_reason
 from toolkit.plan.params import count_params
 from toolkit.plan.query import SEARCHED, PlanQuery
@@ -72,7 +79,9 @@ def default_global_batch(model: ModelSpec, world_size: int) -> int:
 
 def complexity(layout: Layout) -> tuple:
     """Sort key: fewer moving parts first (no offload, fewer model-parallel dimensions, lower ZeRO stage…)."""
-    offload = (layout.offload_optimizer != "none") + (layout.offload_param != "none")
+    offload = (
+        (layout.offload_optimizer != "none") + (layout.offload_param != "none") + layout.offload_activations
+    )
     parallel = sum(x > 1 for x in (layout.tp, layout.pp, layout.sp, layout.ep))
     return (
         offload,
@@ -108,6 +117,7 @@ class _Search:
         self.too_big: list[Candidate] = []
         self.rule_rejections: dict[str, str] = {}
         self.searched = 0
+        self.closest_host: tuple[float, str] | None = None
 
     def shapes(self) -> list[tuple[int, int, int, int]]:
         """(tp, pp, sp, ep) combinations that tile the world size."""
@@ -157,7 +167,7 @@ class _Search:
                         [False, True] if zero == 3 and c.nodes > 1 and c.accelerator == "cuda" else [False]
                     )
                     for zeropp in q.options("zeropp", zeropps):
-                        for recompute in q.options("recompute", list(RECOMPUTE)):
+                        for recompute, act_off in self._recompute_options(allow_offload):
                             megatron_tp = tp > 1 and megatron
                             base = dict(
                                 tp_sequence_parallel=_pinned(q.tp_sequence_parallel, megatron_tp),
@@ -170,6 +180,7 @@ class _Search:
                                 recompute=recompute,
                                 offload_optimizer=off_opt,
                                 offload_param=off_param,
+                                offload_activations=act_off,
                                 precision=precision,
                                 optimizer=q.optimizer or "adamw",
                                 lora=q.lora,
@@ -177,6 +188,33 @@ class _Search:
                                 fused_kernels=fused,
                             )
                             self._walk_micro(base, dp, micros)
+
+    def _misfit(self, mem: Memory) -> str | None:
+        """Why a layout does not fit (None when it does): the accelerator, the host or the NVMe. A layout the
+        GPUs hold but the host does not is remembered, smallest host need first, for the refusal message."""
+        if mem.total > self.usable:
+            return f"does not fit: needs {mem.total / GIB:.1f} GiB > {self.usable / GIB:.1f} GiB usable"
+        if not host_fits(mem, self.cluster):
+            why = f"does not fit in host memory: {host_need(mem, self.cluster)}"
+            if self.closest_host is None or mem.cpu_per_node < self.closest_host[0]:
+                self.closest_host = (mem.cpu_per_node, why)
+            return why
+        if not nvme_fits(mem, self.cluster):
+            return (
+                f"does not fit on NVMe: {mem.nvme_per_node / GIB:,.0f} GiB per node > "
+                f"{self.cluster.nvme_gib:,.0f} GiB"
+            )
+        return None
+
+    def _recompute_options(self, allow_offload: bool) -> list[tuple[str, bool]]:
+        """(recompute, offload_activations) pairs: the checkpointed inputs of full recomputation go to host
+        memory only in the offload pass (ZeRO-Infinity's last resort), or where the query pins it."""
+        q = self.query
+        out = []
+        for recompute in q.options("recompute", list(RECOMPUTE)):
+            offloads = [False, True] if allow_offload and recompute == "full" else [False]
+            out += [(recompute, a) for a in q.options("offload_activations", offloads)]
+        return out
 
     def _walk_micro(self, base: dict[str, Any], dp: int, micros: list[int]) -> None:
         request = LayoutRequest(micro_batch_size=micros[0], global_batch_size=self.global_batch, **base)
@@ -195,12 +233,9 @@ class _Search:
             )
             self.searched += 1
             mem = estimate_memory(self.model, self.cluster, layout)
-            if (
-                mem.total > self.usable
-                or not host_fits(mem, self.cluster)
-                or not nvme_fits(mem, self.cluster)
-            ):
-                self.too_big.append(Candidate(layout, None, mem.total))
+            why = self._misfit(mem)
+            if why:
+                self.too_big.append(Candidate(layout, None, mem.total, why))
                 break
             est = estimate(self.model, self.cluster, layout)
             self.fitting.append(Candidate(layout, est, mem.total))
@@ -231,10 +266,7 @@ def _counterfactuals(best: Candidate, search: _Search) -> list[tuple[str, Candid
         big = [c for c in search.too_big if getattr(c.layout, dim) != mine]
         if big:
             alt = min(big, key=lambda c: c.total_bytes)
-            why = (
-                f"does not fit: needs {alt.total_bytes / GIB:.1f} GiB > {search.usable / GIB:.1f} GiB usable"
-            )
-            out.append((dim, Candidate(alt.layout, None, alt.total_bytes, why)))
+            out.append((dim, alt))
     return out
 
 
@@ -350,5 +382,7 @@ def nothing_fits_message(model: ModelSpec, cluster: ClusterSpec, query: PlanQuer
         )
     if not hints:
         hints.append(f"even {1 << 14} nodes are not enough with these constraints")
+    if search.closest_host is not None:
+        hints.append(f"the GPUs would hold the closest layout, but it {search.closest_host[1]}")
     tried = "even with offload" if query.offload_allowed else "without offload"
     return UserError(f"{what} {tried}; " + "; ".join(hints))

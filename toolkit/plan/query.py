@@ -30,6 +30,7 @@ SEARCHED = (
     "recompute",
     "offload_optimizer",
     "offload_param",
+    "offload_activations",
     "zeropp",
 )
 """The dimensions the planner searches (and explains its choice along), in the order it reports them."""
@@ -49,6 +50,7 @@ class PlanQuery(BaseModel):
     recompute: Recompute | None = None
     offload_optimizer: OffloadDevice | None = None
     offload_param: OffloadDevice | None = None
+    offload_activations: bool | None = None
     zeropp: bool | None = None
     precision: Precision | None = None
     """None: the cluster's fastest precision (`default_precision`)."""
@@ -85,8 +87,14 @@ class PlanQuery(BaseModel):
 
     def relaxed_offload(self) -> PlanQuery:
         """This query with the offload dimensions searched again (for "drop the --offload-* flags" hints)."""
-        return self.model_copy(update={"offload_optimizer": None, "offload_param": None})
+        return self.model_copy(
+            update={"offload_optimizer": None, "offload_param": None, "offload_activations": None}
+        )
 
     @property
     def offload_allowed(self) -> bool:
-        return self.offload_optimizer != "none" or self.offload_param != "none"
+        return (
+            self.offload_optimizer != "none"
+            or self.offload_param != "none"
+            or self.offload_activations is not False
+        )

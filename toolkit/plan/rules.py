@@ -81,6 +81,14 @@ def _nvme_present(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> st
     return None
 
 
+def _offload_activations_needs_full(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """cpu_checkpointing moves what `deepspeed.checkpointing.checkpoint` keeps: the block inputs of full
+    recomputation; without it there is nothing to move."""
+    if r.offload_activations and r.recompute != "full":
+        return f"--offload-activations: needs --recompute full (got {r.recompute}); it offloads the checkpointed block inputs"
+    return None
+
+
 def _precision_supported(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
     if r.precision and not c.supports(r.precision):
         valid = [p for p in ("bf16", "fp16", "fp32") if c.supports(p)]
@@ -225,6 +233,7 @@ RULES: tuple[Rule, ...] = (
     Rule("optimizer_offload_needs_zero", _optimizer_offload_needs_zero),
     Rule("nvme_optimizer_needs_zero3", _nvme_optimizer_needs_zero3),
     Rule("nvme_needs_local_nvme", _nvme_present),
+    Rule("offload_activations_needs_full_recompute", _offload_activations_needs_full),
     Rule("precision_supported", _precision_supported),
     Rule("onebit_needs_zero0", _onebit_needs_zero0),
     Rule("ep_needs_moe", _ep_needs_moe),

@@ -10,6 +10,7 @@ formula feeds both the generated config and the memory estimate.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from toolkit.plan.layout import Layout
@@ -30,6 +31,33 @@ class ZeroKnobs:
     stage3_max_live_parameters: int
     stage3_max_reuse_distance: int
     sub_group_size: int
+    nvme_param_buffer_size: int = 0
+    """Elements of one `offload_param` NVMe swap buffer (0 when parameters are not on NVMe)."""
+    nvme_max_in_cpu: int = 0
+    """`offload_param.max_in_cpu`: parameter elements that, despite NVMe, ZeRO-3 reads back once into a pinned
+    host buffer and keeps there (stage3.py:888-911, 984-1003). DeepSpeed's default 1e9 keeps every parameter
+    of a rank that owns fewer in host memory; dstk writes 0, so NVMe offload means NVMe."""
+
+
+PARAM_SWAP_BUFFERS = 5
+"""`offload_param.buffer_count` (DeepSpeed's default): the NVMe parameter swap buffers, mlocked in host memory
+whatever `pin_memory` says (partitioned_param_swapper.py:124-131); one fetch of a module and its prefetch
+must find free ones."""
+OPTIMIZER_SWAP_BUFFERS = 4
+"""`offload_optimizer.buffer_count`: one sub-group's fp32 master, m, v and gradient are in flight together
+(partitioned_optimizer_swapper.py:79-84), so Adam needs 4 without pipelined reads or writes."""
+
+
+def nvme_param_buffer_size(model: ModelSpec, layout: Layout) -> int:
+    """Elements of one NVMe parameter swap buffer: a rank swaps the partition ceil(n/W) of each tensor over
+    its ZeRO group W, and the largest must fit one buffer (`More elements {numel} than buffer size`,
+    partitioned_param_swapper.py:357); rounded up to 2^20 elements, past DeepSpeed's 1024-byte I/O alignment.
+    Sizing it from the whole tensor, as a partition-blind config does, pins W times what is needed."""
+    pc = count_params(model)
+    dense = max(pc.word_embedding, pc.lm_head, pc.largest_dense_leaf) / layout.tp
+    expert = pc.largest_expert_leaf / (layout.ep if pc.fused_experts else 1)
+    part = max(dense / layout.dp, expert / max(1, layout.dp // layout.ep))
+    return -(-math.ceil(part) // 2**20) * 2**20
 
 
 def block_params_per_rank(model: ModelSpec, tp: int) -> int:
@@ -54,6 +82,8 @@ def deepspeed_default_knobs(layout: Layout) -> ZeroKnobs:
         stage3_max_live_parameters=int(1e9),
         stage3_max_reuse_distance=int(1e9),
         sub_group_size=int(1e9),
+        nvme_param_buffer_size=int(1e8) if layout.offload_param == "nvme" else 0,
+        nvme_max_in_cpu=int(1e9),
     )
 
 
@@ -72,4 +102,5 @@ def derive_zero_knobs(model: ModelSpec, layout: Layout) -> ZeroKnobs:
         stage3_max_reuse_distance=live,
         # ZeRO-Infinity swaps optimizer state per sub-group; 1e8 keeps NVMe swap buffers at ~0.4 GB each
         sub_group_size=int(1e8) if "nvme" in (layout.offload_optimizer, layout.offload_param) else int(1e9),
+        nvme_param_buffer_size=nvme_param_buffer_size(model, layout) if layout.offload_param == "nvme" else 0,
     )

@@ -73,3 +73,28 @@ def held_bytes(engine: Any) -> dict[str, int]:
         kind = "buckets" if any(b in path for b in _BUCKETS) else "model_states"
         totals[kind] += storage.nbytes()
     return totals
+
+
+def offload_bytes(engine: Any, nvme_path: str | None, rank: int) -> dict[str, int]:
+    """ZeRO-Infinity's footprint on this rank as the engine allocated it: the host buffers of an offloading
+    ZeRO-3 optimizer (DeepSpeed 0.19.8: the pinned gradient partitions, the `max_in_cpu` parameter buffer, the
+    optimizer's swap buffers, the parameters' swap pool and write-back buffer) and the bytes of this rank's swap
+    files under `nvme_path` — what `dstk estimate` predicts as host states + swap buffers and NVMe."""
+    from pathlib import Path
+
+    opt = engine.optimizer
+    tensors = [
+        getattr(opt, name, None) for name in ("grad_partitions_flat_buffer", "lp_param_contiguous_pin_buffer")
+    ]
+    swapper = getattr(opt, "optimizer_swapper", None)
+    tensors += list(getattr(getattr(swapper, "swap_buffer_manager", None), "all_buffers", []))
+    param_swapper = next(
+        (p.nvme_swapper for p in engine.module.parameters() if getattr(p, "nvme_swapper", None)), None
+    )
+    tensors += [
+        getattr(param_swapper, "buffers", None),
+        getattr(param_swapper, "partitioned_swap_buffer", None),
+    ]
+    host = sum(t.numel() * t.element_size() for t in tensors if t is not None)
+    files = Path(nvme_path).glob(f"zero_stage_3/*/rank{rank}/*") if nvme_path else []
+    return {"host": host, "nvme": sum(f.stat().st_size for f in files if f.is_file())}

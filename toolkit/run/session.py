@@ -86,6 +86,23 @@ def _moe(model: Any, spec: ModelSpec, layout: Any) -> tuple[Any, Any]:
     return aux, optimizer_groups(model)
 
 
+def _recompute_blocks(model: Any, offload: bool) -> None:
+    """Full recomputation of the HF blocks: torch's checkpoint, or DeepSpeed's when the checkpointed block
+    inputs go to host memory (`cpu_checkpointing` is read only by `deepspeed.checkpointing.checkpoint`).
+    transformers 5 passes `gradient_checkpointing_kwargs` to torch's function and has no public way to pass
+    another, hence its `_set_gradient_checkpointing`; DeepSpeed's reentrant checkpoint needs an input that
+    requires grad, which `enable_input_require_grads` gives the first block."""
+    if not offload:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return
+    import deepspeed
+
+    model._set_gradient_checkpointing(
+        enable=True, gradient_checkpointing_func=deepspeed.checkpointing.checkpoint
+    )
+    model.enable_input_require_grads()
+
+
 def _dstk_optimizer(config: dict[str, Any], params: Any) -> Any:
     """dstk's 1-bit Adam / 0/1 Adam from the config's `dstk.optimizer` block (DeepSpeed 0.19.7+ removed its
     own), as a client optimizer; None when the config names a DeepSpeed optimizer."""
@@ -218,10 +235,13 @@ def main(run: TrainRun) -> dict[str, Any]:
         aux, params = _moe(model, run.model, layout)
         if run.lora:
             params = [p for p in model.parameters() if p.requires_grad]
+        if layout.offload_activations:
+            # deepspeed.initialize never configures its checkpointing module; its `checkpoint` reads this
+            deepspeed.checkpointing.configure(None, deepspeed_config=run.config)
         if layout.pp > 1:
             model, params = _pipeline(model, run.model, layout, run.config)
         elif layout.recompute == "full":
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            _recompute_blocks(model, layout.offload_activations)
         ckpt = _tiers(run, rt.rank)
         tag = _resume_tag(ckpt, run)
         if ckpt is not None and tag is None and run.loop.crash_at_step and rt.rank == run.loop.crash_rank:

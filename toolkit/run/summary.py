@@ -36,6 +36,8 @@ def summarize(trainer: Any, run: Any, layout: Layout) -> dict[str, Any]:
     }
     if trainer.ckpt is not None:
         summary["checkpoints"] = trainer.ckpt.report()
+    if "nvme" in (layout.offload_optimizer, layout.offload_param):
+        summary["offload_on_rank"] = _offload_on_rank(trainer, run.config)
     if getattr(run, "lora", None):
         summary["lora"] = {
             "spec": run.lora,
@@ -134,6 +136,16 @@ def _params_on_rank(trainer: Any) -> list[dict[str, int]]:
     from toolkit.run.loop_state import gather
 
     return gather(count_rank_params(trainer.engine.module))
+
+
+def _offload_on_rank(trainer: Any, config: dict[str, Any]) -> list[dict[str, int]]:
+    from toolkit.run.engine_state import offload_bytes
+    from toolkit.run.loop_state import gather
+
+    zero = config.get("zero_optimization") or {}
+    paths = [(zero.get(k) or {}).get("nvme_path") for k in ("offload_optimizer", "offload_param")]
+    path = next((p for p in paths if p), None)
+    return gather(offload_bytes(trainer.engine, path, trainer.rt.rank))
 
 
 def _row(name: str, measured: float, predicted: float | None, fmt: str) -> str:

@@ -8,6 +8,9 @@ tensor + sequence parallelism to `s·b·h·(34 + 5·a·s/h)/t`; with selective r
 is recomputed, as FlashAttention does by construction) the `a·s²` terms vanish; with full recomputation only
 the block input is kept (`2·s·b·h`), plus one block's activations rebuilt during its backward.
 
+With `offload_activations` (DeepSpeed's `cpu_checkpointing`, ZeRO-Infinity §5.1.3) the block inputs of full
+recomputation move to host memory and only the newest few stay on the device.
+
 Pipelines keep several micro-batches in flight: with 1F1B, stage i of p holds min(p - i, m) of them, so the
 first stage holds p (Narayanan et al. 2021, §2.2.1).
 """
@@ -19,6 +22,10 @@ from dataclasses import dataclass
 from toolkit.plan.specs import ModelSpec
 
 MASK_BYTES = 1  # dropout masks are stored as bytes (Korthikanti et al., §4.1)
+OFFLOAD_KEPT_ON_DEVICE = 3
+"""Block inputs still on the GPU with `cpu_checkpointing`: DeepSpeed's offload engine keeps the newest one
+(keep_last_count=1) and references up to two more until their asynchronous device-to-host copies finish
+(runtime/activation_checkpointing/offload_activations.py, checkpointing.py:498-511; DeepSpeed 0.19.8)."""
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,21 @@ def host_fits(memory: Memory, cluster: ClusterSpec) -> bool:
     return memory.cpu_per_node <= HOST_USABLE * cluster.cpu_memory_gib * GIB
 
 
+def host_need(memory: Memory, cluster: ClusterSpec) -> str:
+    """The host memory a layout needs per node against what may be used, by part (for refusals)."""
+    n = cluster.gpus_per_node
+    states = memory.engine.host_bytes * n
+    parts = [f"pinned gradient partitions and offloaded states {states / GIB:,.0f} GiB"]
+    if memory.host_swap:
+        parts.append(f"NVMe swap buffers {memory.host_swap * n / GIB:,.0f} GiB")
+    if memory.host_activations:
+        parts.append(f"activation checkpoints {memory.host_activations * n / GIB:,.0f} GiB")
+    return (
+        f"{memory.cpu_per_node / GIB:,.0f} GiB per node > {HOST_USABLE:.0%} of {cluster.cpu_memory_gib:,.0f} "
+        f"GiB ({', '.join(parts)})"
+    )
+
+
 def nvme_fits(memory: Memory, cluster: ClusterSpec) -> bool:
     return memory.nvme_per_node <= cluster.nvme_gib * GIB
 
@@ -120,6 +135,12 @@ class Estimate:
             "gpu_memory_bytes": self.capacity_bytes,
             "cpu_memory_per_node_bytes": m.cpu_per_node,
             "nvme_per_node_bytes": m.nvme_per_node,
+            "offload_per_rank_bytes": {
+                "host_states": m.engine.host_bytes,
+                "host_swap_buffers": m.host_swap,
+                "host_activations": m.host_activations,
+                "nvme": m.engine.nvme_bytes,
+            },
             "fits": self.fits,
             "fits_gpu": self.fits_gpu,
             "fits_cpu": self.fits_cpu,
@@ -178,8 +199,10 @@ def _stage_activations(
     """Activations a rank of stage `index` keeps at its peak: in-flight micro-batches × its blocks, plus the
     rebuilt block of full recomputation, plus the logits on the last stage."""
     e = layout.bytes_per_element
-    in_flight = min(layout.pp - index, layout.gradient_accumulation_steps) if layout.pp > 1 else 1
-    total = in_flight * per_micro
+    total = _in_flight(layout, index) * per_micro
+    if layout.offload_activations and blocks:
+        # the block inputs live in host memory; the device keeps the newest few (act.OFFLOAD_KEPT_ON_DEVICE)
+        total = min(blocks, act.OFFLOAD_KEPT_ON_DEVICE) * per_micro / blocks
     if layout.recompute == "full" and blocks:
         total += act.block_bytes(
             model,
@@ -193,6 +216,17 @@ def _stage_activations(
     if index == layout.pp - 1:
         total += act.logits_bytes(model, layout.micro_batch_size, e, layout.tp)
     return total / layout.sp
+
+
+def _in_flight(layout: Layout, index: int) -> int:
+    """Micro-batches whose activations stage `index` holds at once under 1F1B (Narayanan et al. 2021)."""
+    return min(layout.pp - index, layout.gradient_accumulation_steps) if layout.pp > 1 else 1
+
+
+def _host_activations(layout: Layout, index: int, per_micro: float) -> float:
+    """Offloaded block inputs a rank keeps in host memory: all of its in-flight micro-batches' (an upper
+    bound: the few newest are still on the device)."""
+    return _in_flight(layout, index) * per_micro / layout.sp if layout.offload_activations else 0.0
 
 
 @dataclass(frozen=True)
@@ -258,6 +292,7 @@ def _memories(
             largest_param,
             _grad_partition(model, layout),
             trainable=_lora_params(model, layout, st.blocks),
+            host_activations=_host_activations(layout, st.index, per_micro),
         )
         out.append(mem)
     return out

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from toolkit.plan.layout import BYTES_PER_ELEMENT, Layout
 from toolkit.plan.params import ParamCount
 from toolkit.plan.specs import ClusterSpec
-from toolkit.plan.zero_knobs import ZeroKnobs
+from toolkit.plan.zero_knobs import OPTIMIZER_SWAP_BUFFERS, PARAM_SWAP_BUFFERS, ZeroKnobs
 
 GIB = 2**30
 
@@ -78,6 +78,10 @@ class Memory:
     nvme_per_node: float
     rank: RankParams
     """The parameters this stage's rank owns before ZeRO (dense and expert)."""
+    host_swap: float = 0.0
+    """Pinned NVMe parameter swap buffers on the host, per rank (in `cpu_per_node`)."""
+    host_activations: float = 0.0
+    """Checkpointed block inputs offloaded to host memory, per rank (in `cpu_per_node`)."""
 
     @property
     def total(self) -> float:
@@ -169,21 +173,42 @@ def engine_states(
     shard = psi / n
     # small parameters below the persistence threshold stay gathered beside their partition, on the device
     lp = (0.0 if off_param else b * shard) + b * persistent
+    # offloaded 16-bit parameters: pinned host copies, or NVMe files but for what `max_in_cpu` keeps in host
+    in_cpu = shard if layout.offload_param == "cpu" else min(shard, knobs.nvme_max_in_cpu)
+    param_host = b * in_cpu if off_param else 0.0
+    param_nvme = b * (shard - in_cpu) if layout.offload_param == "nvme" else 0.0
     if not off_opt:
         # the cast and the update run per sub-group
         transient = max(cast, update) * min(shard, knobs.sub_group_size)
-        return EngineStates(lp, 4 * shard, 8 * shard, b * shard, b * shard if off_param else 0, 0, transient)
-    host = b * shard + (b * shard if off_param else 0)  # pinned gradient buffer (+ offloaded 16-bit params)
-    nvme = 0.0
+        return EngineStates(lp, 4 * shard, 8 * shard, b * shard, param_host, param_nvme, transient)
+    # an offloading ZeRO-3 optimizer keeps every gradient partition in one pinned host buffer of the gradient
+    # accumulation dtype (the model's unless set; stage3.py:791-795), also when its states are on NVMe
+    host = b * shard + param_host
+    nvme = param_nvme
     if layout.offload_optimizer == "nvme":
-        nvme = 16 * shard  # fp32 master, its gradient, m and v swapped to NVMe
-        host += 4 * 4 * min(shard, knobs.sub_group_size)  # swap buffers: 4 of one sub-group's fp32 tensor
+        # fp32 master, m, v and the fp32 gradient in swap files, 16 B per element (optimizer_utils.py,
+        # partitioned_optimizer_swapper.py); in host memory only the pinned swap buffers of one sub-group each
+        nvme += 16 * shard
+        host += OPTIMIZER_SWAP_BUFFERS * 4 * min(shard, knobs.sub_group_size)
     else:
         host += 16 * shard
-    if layout.offload_param == "nvme":
-        nvme += b * shard
-        host += -b * shard + 5 * b * min(shard, 1e8)  # 5 pinned buffers of 1e8 elements replace the copy
     return EngineStates(lp, 0, 0, 0, host, nvme, 0)
+
+
+def nvme_param_swap_bytes(layout: Layout, knobs: ZeroKnobs, rank: RankParams, b: int) -> float:
+    """Pinned host bytes of NVMe parameter offload besides the parameters themselves, per rank: the swap
+    buffer pool (`buffer_count` × `buffer_size`, partitioned_param_swapper.py:124-131), and — when a
+    sub-group stays on NVMe — the write-back buffer of the largest sub-group, which DeepSpeed 0.19.8 sizes
+    from its tensors' full `ds_numel` although only their partitions are written (stage3.py:1007-1018), i.e.
+    up to W × the sub-group."""
+    if layout.offload_param != "nvme":
+        return 0.0
+    pool = PARAM_SWAP_BUFFERS * b * knobs.nvme_param_buffer_size
+    shard = rank.dense / layout.dp + rank.expert / layout.expert_dp
+    if shard <= knobs.nvme_max_in_cpu:
+        return pool
+    write_back = min(knobs.sub_group_size * layout.dp, rank.dense + rank.expert)
+    return pool + b * write_back
 
 
 def _sum_states(a: EngineStates, b: EngineStates) -> EngineStates:
@@ -284,6 +309,7 @@ def stage_memory(
     largest_param: float,
     grad_partition: float | None = None,
     trainable: float | None = None,
+    host_activations: float = 0.0,
 ) -> Memory:
     """Peak memory of one rank of a stage that owns `rank` parameters and keeps `activations` bytes.
 
@@ -322,6 +348,7 @@ def stage_memory(
         paper[2] = 0.0
     if layout.offload_param != "none":
         paper[0] = 0.0
+    swap = nvme_param_swap_bytes(layout, knobs, rank, b)
     return Memory(
         params=paper[0],
         gradients=paper[1],
@@ -330,7 +357,9 @@ def stage_memory(
         buffers=zero_buffers(layout, knobs, rank, b, _hpz(cluster, layout), cluster.accelerator),
         engine=engine,
         framework_overhead=cluster.framework_overhead_gib * GIB,
-        cpu_per_node=engine.host_bytes * cluster.gpus_per_node,
+        cpu_per_node=(engine.host_bytes + swap + host_activations) * cluster.gpus_per_node,
         nvme_per_node=engine.nvme_bytes * cluster.gpus_per_node,
         rank=rank,
+        host_swap=swap,
+        host_activations=host_activations,
     )

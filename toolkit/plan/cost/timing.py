@@ -37,6 +37,9 @@ ADAM_BYTES_PER_PARAM = {"mixed": 4 * 4 + 3 * 4 + 2, "fp32": 4 * 4 + 3 * 4}
 # torch has no for-each kernels there): decay (2 fp32 passes), lerp of m (3), v·β2 then + g² (2 + 3), √v,
 # / bias correction, + ε (2 each), the addcdiv into the parameter (4) — 20 passes; then the 16-bit copy.
 UNFUSED_ADAM_BYTES_PER_PARAM = {"mixed": 20 * 4 + 4 + 2, "fp32": 20 * 4}
+# NVMe traffic of ZeRO-Infinity's optimizer per parameter and step: the fp32 gradient written in backward, then
+# master, m, v and gradient read and master, m, v written (DeepSpeed 0.19.8 stage3.py:2910-2927)
+NVME_OPTIMIZER_BYTES_PER_PARAM = 4 + 16 + 12
 
 
 @dataclass(frozen=True)
@@ -197,9 +200,12 @@ def _optimizer_s(cluster: ClusterSpec, layout: Layout, load: StageLoad) -> tuple
     cpu_step = cluster.gpus_per_node * shard * per_param / (cluster.cpu_memory_gb_per_s * 1e9)
     transfers = shard * (grad_e + param_e) / pcie
     if layout.offload_optimizer == "nvme":
-        # ZeRO-Infinity swaps fp32 master, m and v in and out of NVMe every step, pipelined with the CPU step
-        io = 2 * 12 * shard * cluster.gpus_per_node / (cluster.nvme_gb_per_s * 1e9)
-        cpu_step = max(cpu_step, io)
+        # ZeRO-Infinity's step, sub-group by sub-group: read fp32 master, m, v and the gradient (16 B), Adam on
+        # the CPU, write master, m and v back (12 B); the backward wrote the fp32 gradient (4 B). Without
+        # `pipeline_read`/`pipeline_write` (DeepSpeed's default, and dstk's config) the swapper waits for each
+        # read and write (partitioned_optimizer_swapper.py:106, 183), so I/O and the CPU step add up.
+        io = NVME_OPTIMIZER_BYTES_PER_PARAM * shard * cluster.gpus_per_node / (cluster.nvme_gb_per_s * 1e9)
+        cpu_step += io
     return cpu_step, transfers
 
 
@@ -211,9 +217,23 @@ def _param_offload_s(cluster: ClusterSpec, layout: Layout, load: StageLoad, e: i
     shard = load.dense_params / layout.dp + load.expert_params / layout.expert_dp
     if layout.offload_param == "cpu":
         fetch = 2 * shard * e / (cluster.pcie_gb_per_s * 1e9)
-    else:
-        fetch = 2 * shard * e * cluster.gpus_per_node / (cluster.nvme_gb_per_s * 1e9)
-    return layout.gradient_accumulation_steps * max(0.0, fetch - load.compute.total_s)
+        return layout.gradient_accumulation_steps * max(0.0, fetch - load.compute.total_s)
+    nvme = cluster.nvme_gb_per_s * 1e9 / cluster.gpus_per_node
+    fetch = 2 * shard * e / nvme
+    # after the step the updated 16-bit partitions are written back to their swap files (stage3.py:1271-1290)
+    return layout.gradient_accumulation_steps * max(0.0, fetch - load.compute.total_s) + shard * e / nvme
+
+
+def _activation_offload_s(model: ModelSpec, cluster: ClusterSpec, layout: Layout, load: StageLoad) -> float:
+    """Exposed copies of offloaded activation checkpoints: each block input goes to the host in forward and
+    back in backward over the GPU's PCIe link, overlapped with compute as far as it lasts (ZeRO-Infinity §5.1.3:
+    a few GB/s suffice to hide them)."""
+    if not layout.offload_activations:
+        return 0.0
+    stored = layout.bytes_per_element * model.hidden_size * model.seq_length * layout.micro_batch_size
+    stored /= layout.sp * (layout.tp if layout.tp_sequence_parallel else 1)
+    copies = 2 * load.n_blocks * stored / (cluster.pcie_gb_per_s * 1e9)
+    return layout.gradient_accumulation_steps * max(0.0, copies - load.compute.total_s)
 
 
 def step_time(
@@ -232,5 +252,7 @@ def step_time(
         model_parallel_comm_s=m * micro_comm,
         data_parallel_comm_s=_dp_exposed_s(model, cluster, layout, load, e, knobs),
         optimizer_s=opt,
-        offload_s=offload + _param_offload_s(cluster, layout, load, e),
+        offload_s=offload
+        + _param_offload_s(cluster, layout, load, e)
+        + _activation_offload_s(model, cluster, layout, load),
     )
