@@ -13,7 +13,8 @@ files, against `dstk estimate`'s `offload_per_rank_bytes` (host states + swap bu
 checkpoints are not in the host figure: on the CPU accelerator they never leave host memory, so no buffer
 tells them apart.
 
-The first run JIT-builds DeepSpeed's async_io op (needs `libaio-dev`; about 7 min on 2 cores) and cpu_adam
+The first run installs `libaio-dev` when its header is missing (tests/testbed/install.sh nvme), then JIT-builds
+DeepSpeed's async_io op (about 7 min on 2 cores) and cpu_adam
 into the op cache (`TORCH_EXTENSIONS_DIR`, the venv's by default). Writes JSON and Markdown to
 benchmarks/results/.
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -32,7 +34,7 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import bench_env, command_line, output_paths, prepare_data, train, write_record
+from benchmarks.common import REPO, bench_env, command_line, output_paths, prepare_data, train, write_record
 
 MODEL = {
     "name": "llama-h1024",
@@ -49,6 +51,13 @@ INFINITY = [
 ]  # fmt: skip
 PLAIN = ["--zero-stage", "3", "--recompute", "full"]
 COMMON = ["--precision", "fp32", "--micro-batch", "2", "--global-batch", "4"]
+
+
+def _install_libaio() -> None:
+    """DeepSpeed's async_io op compiles against libaio (`<libaio.h>`, `-laio`): installed the way the test beds
+    install their packages (apt, as root; tests/testbed/install.sh says why when it cannot)."""
+    if not Path("/usr/include/libaio.h").exists():
+        subprocess.run(["bash", str(REPO / "tests" / "testbed" / "install.sh"), "nvme"], check=True)
 
 
 def _cluster(tmp: Path) -> Path:
@@ -87,6 +96,7 @@ def main() -> None:
     ap.add_argument("--nvme-path", type=Path, default=None)
     ap.add_argument("--out-dir", type=Path, default=None)
     args = ap.parse_args()
+    _install_libaio()
     env = bench_env()
     with tempfile.TemporaryDirectory(prefix="dstk-infinity-", dir="/tmp") as d:
         tmp = Path(d)

@@ -297,3 +297,39 @@ def test_cpu_adamw_temporaries_join_the_step_transient(stage: int) -> None:
     shard = count_params(model).total / 2
     assert cpu.step_transient == pytest.approx(12 * shard, rel=0.01)
     assert cuda.step_transient == pytest.approx(6 * shard, rel=0.01)
+
+
+def test_zero_infinity_footprint_is_what_deepspeed_allocates() -> None:
+    """NVMe offload of a 1T GPT on 2 DGX-2 (32 ranks, fp16), per rank, as DeepSpeed 0.19.8 allocates it:
+    - host: the pinned 16-bit gradient partitions (stage3.py:791-795), 4 fp32 optimizer swap buffers of one
+      1e8-element sub-group (optimizer_utils.py:185-190), 5 parameter swap buffers of the largest tensor's
+      partition (partitioned_param_swapper.py:124-131) and the write-back buffer of the largest sub-group,
+      sized from full tensors (stage3.py:1007-1018): 32 × 1e8 elements;
+    - NVMe: the 16-bit partition plus fp32 master, m, v and gradient: 18 B per element;
+    - activation checkpoints: every block input of the micro-batch, in host memory."""
+    model = load_model("gpt-1t")
+    cluster = load_cluster("v100-32g", {"nodes": 2})
+    e = _est(
+        model, cluster, zero_stage=3, offload_optimizer="nvme", offload_param="nvme", recompute="full",
+        offload_activations=True, micro_batch_size=1, precision="fp16",
+    )  # fmt: skip
+    pc = count_params(model)
+    shard = pc.total / 32
+    off = e.to_dict()["offload_per_rank_bytes"]
+    assert off["host_states"] == pytest.approx(2 * shard + 4 * 4 * 1e8, rel=1e-3)
+    assert off["nvme"] == pytest.approx(18 * shard, rel=1e-3)
+    largest = max(pc.word_embedding, model.hidden_size * model.ffn_hidden_size)
+    buffer = -(-largest // 32 // 2**20) * 2**20
+    assert e.knobs.nvme_param_buffer_size in (buffer, buffer + 2**20)
+    assert off["host_swap_buffers"] == pytest.approx(
+        5 * 2 * e.knobs.nvme_param_buffer_size + 2 * 32e8, rel=1e-6
+    )
+    block_inputs = model.n_layers * model.seq_length * model.hidden_size * 2
+    assert off["host_activations"] == pytest.approx(block_inputs, rel=1e-6)
+    # on the GPU: a few block inputs instead of all of them
+    plain = _est(
+        model, cluster, zero_stage=3, offload_optimizer="nvme", offload_param="nvme", recompute="full",
+        micro_batch_size=1, precision="fp16",
+    )  # fmt: skip
+    saved = plain.memory.activations - e.memory.activations
+    assert saved == pytest.approx(block_inputs * (1 - act.OFFLOAD_KEPT_ON_DEVICE / model.n_layers), rel=1e-6)

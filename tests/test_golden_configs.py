@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 
 import pytest
 import yaml
 
 from tests.cli import REPO, dstk
+from toolkit.plan.load import load_model
 
 SCENARIOS = yaml.safe_load((REPO / "ds_configs" / "scenarios.yaml").read_text())
 
@@ -68,3 +70,18 @@ def _options(argv: list[str]) -> list[tuple[str, str | None]]:
             value = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else None
             out.append((token, value))
     return out
+
+
+def test_zero_infinity_config_puts_parameters_on_nvme_and_checkpoints_in_host_memory() -> None:
+    """What DeepSpeed 0.19.8 needs to really offload (see toolkit/plan/zero_knobs.py and ds_config.py): a
+    parameter swap buffer holds one partition of the largest tensor (not the whole tensor, 32 × larger here),
+    `max_in_cpu` 0 (its 1e9 default keeps a rank's parameters in host memory), the aio keys DeepSpeed reads,
+    and checkpoints moved by the partitioning path, which `cpu_checkpointing` needs on a synchronized device."""
+    cfg = json.loads((REPO / "ds_configs" / "zero_infinity_gpt1t_2x16_v100.json").read_text())
+    param = cfg["zero_optimization"]["offload_param"]
+    model = load_model("gpt-1t")
+    largest = model.hidden_size * model.ffn_hidden_size
+    assert largest / 32 <= param["buffer_size"] < largest / 16 and param["max_in_cpu"] == 0
+    assert "thread_count" not in cfg["aio"] and cfg["aio"]["intra_op_parallelism"] == 1
+    ckpt = cfg["activation_checkpointing"]
+    assert ckpt["cpu_checkpointing"] and ckpt["partition_activations"]

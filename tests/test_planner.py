@@ -11,7 +11,7 @@ import pytest
 from tests.cli import dstk
 from toolkit.errors import UserError
 from toolkit.plan.layout import LayoutRequest
-from toolkit.plan.load import load_cluster, load_model
+from toolkit.plan.load import load_cluster, load_model, model_from_params
 from toolkit.plan.planner import plan
 from toolkit.plan.query import DEFAULT_MARGIN, PlanQuery
 from toolkit.plan.rules import RULES, resolve_layout
@@ -313,3 +313,36 @@ def test_the_printed_reproduce_command_reproduces_the_plan(job: list[str]) -> No
     assert json.loads(again.out) == plan_json["estimate"]
     text = dstk("plan", *job).out
     assert f"Reproduce: {shlex.join(command)}" in text
+
+
+def _largest_fitting(cluster, query, sizes) -> float:
+    return max((p for p in sizes if plan(model_from_params(p), cluster, query) is not None), default=0.0)
+
+
+def test_zero_infinity_single_dgx2_limits() -> None:
+    """ZeRO-Infinity (Rajbhandari et al. 2021, Fig. 1 and the SC'21 slides): one DGX-2 (16 V100-32GB, 1.5 TB
+    DRAM, 28 TB NVMe) trains about 20B parameters on its GPUs alone, 70B with CPU offload, 1T with NVMe. The
+    planner reproduces the first two. With NVMe it stops near 0.5T, because DeepSpeed 0.19.8's ZeRO-3 keeps every
+    gradient partition in pinned host memory once the optimizer is offloaded (stage3.py:791-795), 2 bytes per
+    parameter: 2 TB for 1T against 1.5 TB; the refusal says so, and names the smallest cluster (2 nodes)."""
+    dgx2 = load_cluster("v100-32g")
+    sizes = [10e9, 20e9, 30e9, 50e9, 70e9, 100e9, 200e9, 500e9, 700e9, 1e12]
+    gpu_only = PlanQuery(offload_optimizer="none", offload_param="none", offload_activations=False)
+    assert _largest_fitting(dgx2, gpu_only, sizes) == 20e9
+    assert _largest_fitting(dgx2.model_copy(update={"nvme_gib": 0}), PlanQuery(), sizes) == 70e9
+    assert _largest_fitting(dgx2, PlanQuery(), sizes) == 500e9
+    best = plan(model_from_params(500e9), dgx2, PlanQuery())
+    assert best is not None
+    lay = best.best.layout
+    assert (lay.offload_optimizer, lay.offload_param, lay.offload_activations) == ("nvme", "nvme", True)
+    assert "offload_activations = False instead" in " ".join(best.explanation)
+    r = dstk("plan", "--params", "1e12", "--cluster", "v100-32g", "--nodes", "1")
+    assert r.code == 2 and r.err.count("\n") == 1
+    assert "--nodes 2" in r.err and "does not fit in host memory" in r.err
+    assert "pinned gradient partitions" in r.err
+    two = plan(model_from_params(1e12), load_cluster("v100-32g", {"nodes": 2}), PlanQuery())
+    assert two is not None
+    lay = two.best.layout
+    assert (lay.offload_optimizer, lay.offload_param, lay.offload_activations) == ("nvme", "nvme", True)
+    # 1T keeps 13 GB of block inputs per GPU without the activation offload
+    assert "offload_activations = False instead: does not fit: needs" in " ".join(two.explanation)
