@@ -150,13 +150,16 @@ def zero_config(path: Path, stage: int, *extra: str) -> Path:
 def zero_runs(tmp_path_factory, prepared_data, init_weights):
     """ZeRO stages 0-3 in fp32 from the same weights on the same data: 10 steps each, checkpointed
     asynchronously at steps 5 and 10 (the step-5 checkpoints are where the resume and convert tests continue
-    from; the signal test's synchronous save continues to the same losses)."""
+    from; the signal test's synchronous save continues to the same losses). ZeRO-3 also recomputes every
+    block through DeepSpeed's checkpointing with the block inputs offloaded (`--offload-activations`): the
+    same computation again, which test_zero_stages_are_the_same_computation holds it to."""
     from tests.distributed import launch
 
     def make(root: Path) -> dict[int, Any]:
         jobs = {}
         for stage in range(4):
-            cfg = zero_config(root / f"z{stage}.json", stage)
+            extra = ("--recompute", "full", "--offload-activations") if stage == 3 else ()
+            cfg = zero_config(root / f"z{stage}.json", stage, *extra)
             jobs[stage] = launch(
                 root / f"run{stage}",
                 cfg,
