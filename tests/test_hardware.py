@@ -196,3 +196,27 @@ def test_a_run_far_from_its_prediction_names_the_cause_and_the_fix() -> None:
     assert "'cpu'" in warning and "--cluster local" in warning and "dstk calibrate" in warning
     summary["step_time_s"] = 0.2
     assert reality_check(summary, preset, layout) == []
+
+
+@pytest.mark.parametrize(
+    ("environ", "count"),
+    [
+        ({}, 8),
+        ({"CUDA_VISIBLE_DEVICES": ""}, 0),
+        ({"CUDA_VISIBLE_DEVICES": "-1"}, 0),
+        ({"CUDA_VISIBLE_DEVICES": "0,3"}, 2),
+        ({"CUDA_VISIBLE_DEVICES": "1,9,2"}, 1),  # CUDA stops at the first invalid index
+        ({"CUDA_VISIBLE_DEVICES": "GPU-8f1c2e4a-0000-0000-0000-000000000000"}, 1),
+        ({"DS_ACCELERATOR": "cpu"}, 0),
+        ({"DS_ACCELERATOR": "cuda", "CUDA_VISIBLE_DEVICES": "7"}, 1),
+    ],
+)
+def test_hidden_gpus_are_not_planned_for(environ, count) -> None:
+    """nvidia-smi lists every GPU of the box whatever CUDA_VISIBLE_DEVICES says; `--cluster local` describes
+    what the process may use (found on an H200 node: with CUDA_VISIBLE_DEVICES= the CPU run was planned as
+    the H200 and measured ×7.8 slower than predicted)."""
+    from toolkit.plan.hardware import visible_gpus
+
+    gpus = parse_nvidia_smi((DATA / "nvidia-smi_h100-sxm5-80gb_x8.txt").read_text())
+    kept, why = visible_gpus(gpus, environ)
+    assert len(kept) == count and (why is None) == (not environ)

@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import metadata
@@ -204,6 +205,30 @@ def read_text(path: Path) -> str | None:
         return path.read_text()
     except OSError:
         return None
+
+
+def visible_gpus(gpus: list[GpuInfo], environ: Mapping[str, str]) -> tuple[list[GpuInfo], str | None]:
+    """The GPUs a process started with `environ` can use, and why when that is not all nvidia-smi lists
+    (nvidia-smi ignores CUDA_VISIBLE_DEVICES): `DS_ACCELERATOR` other than cuda makes DeepSpeed use another
+    accelerator; `CUDA_VISIBLE_DEVICES` empty or -1 hides every GPU, a list keeps those indices (up to the
+    first invalid one, as CUDA reads it) or, for UUIDs and MIG names, that many of the first model."""
+    accelerator = environ.get("DS_ACCELERATOR")
+    if accelerator and accelerator != "cuda" and gpus:
+        return [], f"DS_ACCELERATOR={accelerator}: DeepSpeed will not use the {len(gpus)} GPUs"
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None or not gpus:
+        return gpus, None
+    entries = [e.strip() for e in visible.split(",") if e.strip()]
+    kept: list[GpuInfo] = []
+    for entry in entries:
+        if entry.lstrip("-").isdigit():
+            index = int(entry)
+            if not 0 <= index < len(gpus):
+                break
+            kept.append(gpus[index])
+        else:
+            kept.append(gpus[0])
+    return kept, f"CUDA_VISIBLE_DEVICES={visible!r}: {len(kept)} of {len(gpus)} GPUs visible"
 
 
 def run_nvidia_smi() -> str | None:

@@ -4,6 +4,7 @@ cached measurement. Every field says where it came from; what could not be known
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from functools import cache
@@ -30,6 +31,7 @@ from toolkit.plan.hardware import (
     parse_nvidia_smi,
     read_text,
     run_nvidia_smi,
+    visible_gpus,
 )
 from toolkit.plan.presets import PRESET_DIR
 
@@ -203,12 +205,18 @@ def detect(
 ) -> Detection:
     """Describe this machine as a one-node cluster. Every input can be given (recorded outputs in tests);
     otherwise it is read from `root` and from running nvidia-smi."""
-    if nvidia_smi is None and root == Path("/"):
+    live = nvidia_smi is None and root == Path("/")
+    if live:
         nvidia_smi = run_nvidia_smi()
     gpus = parse_nvidia_smi(nvidia_smi or "")
+    hidden = None
+    if live:  # what this process may use, not all the box has
+        gpus, hidden = visible_gpus(gpus, os.environ)
     cpu = parse_cpuinfo(cpuinfo if cpuinfo is not None else read_text(root / "proc/cpuinfo") or "")
     meminfo = meminfo if meminfo is not None else read_text(root / "proc/meminfo")
     det = Detection(cluster={"name": "local", "nodes": 1}, sources={})
+    if hidden:
+        det.sources["gpus_per_node"] = hidden
     det.hardware = {
         "cpu": cpu.model,
         "cpu_flags": sorted(f for f in cpu.flags if re.match(r"(avx|amx|fma)", f)),

@@ -62,9 +62,11 @@ def means_over_ranks(values: list[float], rt: Runtime) -> list[float]:
     import torch
     import torch.distributed as dist
 
-    t = torch.tensor(values, dtype=torch.float64)
+    # on the accelerator: NCCL reduces device tensors only ("No backend type associated with device type
+    # cpu", seen on an H200); gloo takes CPU tensors, which is what the CPU accelerator's device is
+    t = torch.tensor(values, dtype=torch.float64, device=rt.device)
     dist.all_reduce(t)
-    return [float(v) / rt.world_size for v in t]
+    return [float(v) / rt.world_size for v in t.tolist()]
 
 
 def mean_over_ranks(value: float, rt: Runtime) -> float:

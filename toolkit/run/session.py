@@ -153,7 +153,10 @@ def _max_change(before: dict[str, Any], model: Any, trainable: bool) -> float:
 
     after = _local_tensors(model, trainable)
     worst = max((float((after[n] - t).abs().max()) for n, t in before.items() if t.numel()), default=0.0)
-    out = torch.tensor([worst], dtype=torch.float64)
+    import deepspeed
+
+    # on the accelerator: NCCL reduces device tensors only
+    out = torch.tensor([worst], dtype=torch.float64, device=deepspeed.get_accelerator().current_device_name())
     dist.all_reduce(out, op=dist.ReduceOp.MAX)
     return float(out.item())
 

@@ -277,12 +277,15 @@ class SpikeGuard:
 
     def check(self, step: int, loss: float, grad_norm: float | None) -> Verdict:
         """The verdict every rank agrees on (inputs are already identical; MAX settles any difference)."""
+        import deepspeed
         import torch
         import torch.distributed as dist
 
         v = self.detector.observe(step, loss, grad_norm)
         t = torch.tensor(
-            [float(v.spike), float(v.suspect), -float(v.episode_start or step)], dtype=torch.float64
+            [float(v.spike), float(v.suspect), -float(v.episode_start or step)],
+            dtype=torch.float64,
+            device=deepspeed.get_accelerator().current_device_name(),  # NCCL reduces device tensors only
         )
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         spike, suspect, start = bool(t[0]), bool(t[1]), int(-t[2])
