@@ -380,23 +380,6 @@ class Trainer:
             logger, event, (skip_to - skipped[0]) // gb if self.batching is None else spike_step - self.step
         )
 
-    def param_norm(self) -> float:
-        """L2 norm of every fp32 parameter value, gathered across ZeRO-3 partitions — compares two runs' weights."""
-        import deepspeed
-        import torch
-
-        from toolkit.run.runtime import settle_zero3
-
-        params = list(self.engine.module.parameters())
-        settle_zero3(self.engine)
-        # one tensor at a time: with parameters on NVMe a gather takes one swap buffer per tensor, and there
-        # are 5 ("Not enough buffers 5 for swapping 16", partitioned_param_swapper.py:310)
-        total = 0.0
-        for p in params:
-            with deepspeed.zero.GatheredParameters([p], enabled=self.layout.zero_stage == 3):
-                total += float(p.detach().double().pow(2).sum())
-        return float(torch.sqrt(torch.tensor(total, dtype=torch.float64)))
-
     def _after_step(self) -> None:
         """After this process's first LEAN_STEPS steps: note the peak memory, then let glibc reuse freed heap.
 
