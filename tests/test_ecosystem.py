@@ -31,6 +31,7 @@ from toolkit.integrations.targets import get_path  # noqa: E402
 
 TINY = str(REPO / "tests" / "models" / "tiny-test-gpt2.yaml")
 TINY_MOE = str(REPO / "tests" / "models" / "tiny-test-moe.yaml")
+TINY_LLAMA = str(REPO / "tests" / "models" / "tiny-test-llama.yaml")
 FLAGS_FILE = REPO / "tests" / "data" / "megatron_deepspeed_flags.txt"
 TWO_NODES = {
     "name": "two-a100-nodes",
@@ -494,8 +495,8 @@ BAD_TARGETS = [
         r"--hf-trainer: --optimizer onebit-adam is dstk's own client optimizer",
     ),
     (
-        "hf-ulysses",
-        ["--model", TINY, "--cluster", "cpu", "--sp", "2", "--hf-trainer"],
+        "hf-ulysses",  # a layout dstk train runs (Llama, accumulation a multiple of sp): the Trainer cannot
+        ["--model", TINY_LLAMA, "--cluster", "cpu", "--sp", "2", "--global-batch", "2", "--hf-trainer"],
         r"--hf-trainer: DeepSpeed-Ulysses \(sp=2\)",
     ),
     (

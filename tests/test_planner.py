@@ -89,6 +89,17 @@ RULE_CASES = [
         r"num_experts\(8\) must be divisible by ep\(3\)",
     ),
     ("sp_divides_heads_and_seq", "gpt2", "dgx-a100-80g", {}, dict(sp=8), r"must be divisible by sp\(8\)"),
+    ("sp_supports_architecture", "bloom-176b", "dgx-a100-80g", {}, dict(sp=2), r"not bloom \(no SDPA"),
+    ("sp_supports_architecture", "gpt2", "dgx-a100-80g", {}, dict(sp=2), r"runs llama, .* not gpt2"),
+    ("sp_is_dense_data_parallel", "llama-7b", "dgx-a100-80g", {}, dict(sp=2, tp=2), r"got tp=2"),
+    (
+        "sp_divides_accumulation",
+        "llama-7b",
+        "dgx-a100-80g",
+        {},
+        dict(sp=2, global_batch_size=4),
+        r"gradient_accumulation_steps\(1\) must be a multiple of sp\(2\).*--global-batch 8",
+    ),
     (
         "zeropp_needs_zero3",
         "gpt2",

@@ -16,6 +16,12 @@ Sources, per field:
 - `pipeline`: the families `toolkit/parallel/pipeline.py` can cut into a DeepSpeed PipelineModule.
 - `sdpa`: transformers 5.24 has no SDPA path for BLOOM ("does not support an attention implementation through
   torch.nn.functional.scaled_dot_product_attention yet"); it runs eager attention.
+- `ulysses`: DeepSpeed 0.19.8's Ulysses HF path (`UlyssesSPAttentionHF.register_with_transformers`) replaces
+  the SDPA attention function and returns the attention output with its heads merged; a family's attention
+  must then reshape it by the input shape, as Llama's and its relatives' do (`reshape(*input_shape, -1)`).
+  GPT-2's merges the last two dimensions instead (`reshape(*shape[:-2], -1)`: "mat1 and mat2 shapes cannot
+  be multiplied (4x2048 and 64x64)" on 2 gloo ranks, after DeepSpeed failed first on its config having no
+  `num_key_value_heads`); BLOOM has no SDPA. Trained and checked against `--sp 1`: Llama.
 - `native_moe`: Mixtral's, Qwen2-MoE's and Qwen3-MoE's experts live in the HF model (fused `gate_up_proj` E × 2f × h in transformers 5); at
   ep = 1 the block stays HF's (a ZeRO-3 leaf module), with expert parallelism dstk moves it into DeepSpeed's
   MoE layer with HF's own router (toolkit/parallel/hf_moe.py); other families become MoE through DeepSpeed's
@@ -52,6 +58,8 @@ class ArchitectureFacts:
     autotp: bool
     pipeline: bool
     sdpa: bool
+    ulysses: bool
+    """DeepSpeed-Ulysses sequence parallelism can wrap the family's attention (`--sp`)."""
     native_moe: bool
     naming: Literal["gpt2", "bloom", "llama"]
     """Module-naming scheme of a block (GPT-2's `c_attn`/`c_fc`, BLOOM's `query_key_value`, Llama's `q_proj`):
@@ -112,6 +120,7 @@ def _llama_like(
         autotp=autotp,
         pipeline=not native_moe,
         sdpa=True,
+        ulysses=True,
         native_moe=native_moe,
         naming="llama",
         shared_expert=shared_expert,
@@ -144,6 +153,7 @@ ARCHITECTURES: Mapping[str, ArchitectureFacts] = MappingProxyType(
             autotp=False,
             pipeline=True,
             sdpa=True,
+            ulysses=False,
             native_moe=False,
             conv1d=True,
             naming="gpt2",
@@ -171,6 +181,7 @@ ARCHITECTURES: Mapping[str, ArchitectureFacts] = MappingProxyType(
             autotp=True,
             pipeline=False,
             sdpa=False,
+            ulysses=False,
             native_moe=False,
             naming="bloom",
         ),

@@ -125,7 +125,7 @@ def _ep_divides(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str 
     return None
 
 
-def _sp_divides(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+def _sp_divides(m: ModelSpec, r: LayoutRequest, dp: int) -> str | None:
     """Ulysses scatters attention heads over the sequence-parallel group (Jacobs et al. 2023)."""
     if r.sp == 1:
         return None
@@ -135,6 +135,62 @@ def _sp_divides(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str 
             f"by sp({r.sp})"
         )
     return None
+
+
+def _sp_architecture(m: ModelSpec, r: LayoutRequest, dp: int) -> str | None:
+    """DeepSpeed-Ulysses' HF path replaces transformers' SDPA attention function (it refuses eager attention,
+    which needs a 4-D mask over the whole sequence) and hands back the heads merged; see the architecture
+    table's `ulysses` for which families reshape that as it expects."""
+    if r.sp > 1 and not m.family.ulysses:
+        why = "its attention reshapes Ulysses' output wrongly" if m.family.sdpa else "no SDPA attention"
+        return f"--sp: DeepSpeed-Ulysses runs {', '.join(supporting('ulysses'))} models, not {m.architecture} ({why})"
+    return None
+
+
+def _sp_dense_data_parallel(m: ModelSpec, r: LayoutRequest, dp: int) -> str | None:
+    """What dstk's Ulysses path is verified with: dense models over data parallelism and ZeRO, AdamW. AutoTP and
+    MoE groups beside the sequence-parallel mpu, and the 1-bit optimizers (which average over every rank), are
+    not wired or tested with it."""
+    if r.sp > 1 and (r.tp > 1 or m.is_moe or r.optimizer != "adamw"):
+        return (
+            f"--sp: dstk runs Ulysses for dense models with ZeRO and AdamW; got tp={r.tp}, "
+            f"num_experts={m.num_experts}, optimizer={r.optimizer}"
+        )
+    return None
+
+
+def _sp_divides_accumulation(m: ModelSpec, r: LayoutRequest, dp: int) -> str | None:
+    """DeepSpeed's `UlyssesSPDataLoaderAdapter` gathers one micro-batch from every rank of a group and the whole
+    group trains each in turn, so a data-parallel rank's micro-batches of a step come in groups of sp."""
+    if r.sp == 1:
+        return None
+    try:
+        _, accum = batch_arithmetic(
+            r.micro_batch_size, dp, r.global_batch_size, r.gradient_accumulation_steps
+        )
+    except UserError:
+        return None  # the batch arithmetic reports itself
+    if accum % r.sp:
+        return (
+            f"--sp: gradient_accumulation_steps({accum}) must be a multiple of sp({r.sp}) (each rank of a "
+            f"sequence-parallel group brings accum / sp micro-batches); use --global-batch "
+            f"{r.micro_batch_size * dp * r.sp * max(1, accum // r.sp)}"
+        )
+    return None
+
+
+_ULYSSES_CHECKS = (_sp_divides, _sp_architecture, _sp_dense_data_parallel, _sp_divides_accumulation)
+
+
+def ulysses_problems(model: ModelSpec, request: LayoutRequest, dp: int) -> list[str]:
+    """Messages of the Ulysses rules `request` breaks: `dstk train` checks them again (toolkit.parallel.ulysses),
+    since a config dstk did not write never met the planner's rules. They read no cluster."""
+    return [msg for check in _ULYSSES_CHECKS if (msg := check(model, request, dp))]
+
+
+def _cluster_free(check: Callable[[ModelSpec, LayoutRequest, int], str | None]) -> Check:
+    """A rule that reads no cluster, in the rule table's signature."""
+    return lambda m, c, r, dp: check(m, r, dp)
 
 
 def _zeropp_needs_zero3(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
@@ -238,7 +294,7 @@ RULES: tuple[Rule, ...] = (
     Rule("onebit_needs_zero0", _onebit_needs_zero0),
     Rule("ep_needs_moe", _ep_needs_moe),
     Rule("ep_divides_experts_and_dp", _ep_divides),
-    Rule("sp_divides_heads_and_seq", _sp_divides),
+    Rule("sp_divides_heads_and_seq", _cluster_free(_sp_divides)),
     Rule("zeropp_needs_zero3", _zeropp_needs_zero3),
     Rule("tp_sequence_parallel_needs_tp", _tp_sp_needs_tp),
     Rule("zeropp_needs_cuda", _zeropp_needs_cuda),
@@ -249,6 +305,9 @@ RULES: tuple[Rule, ...] = (
     Rule("tp_sequence_parallel_needs_megatron", _tp_sp_needs_megatron, scope="deepspeed"),
     Rule("lora_targets_exist", _lora_targets),
     Rule("lora_is_data_parallel", _lora_data_parallel, scope="deepspeed"),
+    Rule("sp_supports_architecture", _cluster_free(_sp_architecture), scope="deepspeed"),
+    Rule("sp_is_dense_data_parallel", _cluster_free(_sp_dense_data_parallel), scope="deepspeed"),
+    Rule("sp_divides_accumulation", _cluster_free(_sp_divides_accumulation), scope="deepspeed"),
 )
 
 

@@ -39,11 +39,15 @@ def _evaluate(trainer: Any) -> dict[str, float]:
             trainer.dp_size,
             trainer.opts.eval_rows,
         ):
-            out = trainer.engine(
-                input_ids=batch.input_ids.to(trainer.rt.device), labels=batch.labels.to(trainer.rt.device)
-            )
-            n = int((batch.labels[:, 1:] != -100).sum())
-            total += float(out.loss.float()) * n
+            if trainer.sp is not None:  # the micro-batch over the sequence-parallel group (--sp)
+                loss_sum, n = trainer.sp.eval_sums(batch)
+            else:
+                out = trainer.engine(
+                    input_ids=batch.input_ids.to(trainer.rt.device), labels=batch.labels.to(trainer.rt.device)
+                )
+                n = int((batch.labels[:, 1:] != -100).sum())
+                loss_sum = float(out.loss.float()) * n
+            total += loss_sum
             tokens += n
             if trainer.aux_loss is not None:
                 trainer.aux_loss.pop()  # evaluation reports the language-model loss alone

@@ -61,6 +61,8 @@ class Trainer:
         self.stopped_by = 0
         """The signal that stopped the run at a step boundary (0: it ran to the end)."""
         self._states_measured = False
+        self.sp: Any = None
+        """toolkit.parallel.ulysses.SequenceParallel with --sp > 1 (session sets it): sliced batches, its loss."""
         self.compressed_optimizer: Any = None
         """dstk's 1-bit Adam / 0/1 Adam when the config asks for it; its error-feedback buffers are per rank
         and DeepSpeed saves only rank 0's optimizer state at ZeRO-0, so they travel in dstk's rank files."""
@@ -164,8 +166,11 @@ class Trainer:
 
     def _micro_step(self, batch: Any, measure: bool, fault: Fault | None = None) -> float:
         engine = self.engine
-        out = engine(input_ids=batch.input_ids.to(self.rt.device), labels=batch.labels.to(self.rt.device))
-        loss = out.loss
+        if self.sp is None:
+            out = engine(input_ids=batch.input_ids.to(self.rt.device), labels=batch.labels.to(self.rt.device))
+            loss = logged = out.loss
+        else:
+            loss, logged = self.sp.loss(batch)  # this rank's share to back-propagate, the batch's mean
         if self.aux_loss is not None:
             aux = self.aux_loss.pop()
             self.record.aux_losses.append(float(aux.detach()))
@@ -187,7 +192,7 @@ class Trainer:
         spike = fault is not None and fault.kind == "spike" and boundary
         with unclipped(engine) if spike else contextlib.nullcontext():
             engine.step()
-        return math.nan if fault is not None and fault.kind == "nan" else float(out.loss.detach().float())
+        return math.nan if fault is not None and fault.kind == "nan" else float(logged.detach().float())
 
     def _pipeline_step(self, micro_batches: list[Any]) -> float:
         """One optimizer step of the pipeline engine: it pulls the micro-batches itself (1F1B schedule)."""
@@ -234,7 +239,9 @@ class Trainer:
         if self.layout.pp > 1:
             losses = [self._pipeline_step(micro_batches)]
         else:
-            losses = [self._micro_step(b, measure=first, fault=fault) for b in micro_batches]
+            # Ulysses slices (--sp): the adapter's collectives run here, on the training thread
+            batches = micro_batches if self.sp is None else self.sp.step_batches(micro_batches)
+            losses = [self._micro_step(b, measure=first, fault=fault) for b in batches]
         self.meter.stop()
         if first:
             self.record.model_states["after_step"] = gather(held_bytes(self.engine)["model_states"])
@@ -379,23 +386,6 @@ class Trainer:
         guard.report(
             logger, event, (skip_to - skipped[0]) // gb if self.batching is None else spike_step - self.step
         )
-
-    def param_norm(self) -> float:
-        """L2 norm of every fp32 parameter value, gathered across ZeRO-3 partitions — compares two runs' weights."""
-        import deepspeed
-        import torch
-
-        from toolkit.run.runtime import settle_zero3
-
-        params = list(self.engine.module.parameters())
-        settle_zero3(self.engine)
-        # one tensor at a time: with parameters on NVMe a gather takes one swap buffer per tensor, and there
-        # are 5 ("Not enough buffers 5 for swapping 16", partitioned_param_swapper.py:310)
-        total = 0.0
-        for p in params:
-            with deepspeed.zero.GatheredParameters([p], enabled=self.layout.zero_stage == 3):
-                total += float(p.detach().double().pow(2).sum())
-        return float(torch.sqrt(torch.tensor(total, dtype=torch.float64)))
 
     def _after_step(self) -> None:
         """After this process's first LEAN_STEPS steps: note the peak memory, then let glibc reuse freed heap.

@@ -209,6 +209,7 @@ def main(run: TrainRun) -> dict[str, Any]:
     import deepspeed
 
     from toolkit.integrations.ds_layout import layout_from_config
+    from toolkit.parallel import ulysses
     from toolkit.run.loop import Trainer
     from toolkit.run.metrics import Logger
     from toolkit.run.models import build_model
@@ -225,6 +226,8 @@ def main(run: TrainRun) -> dict[str, Any]:
         print(f"rank {rt.rank} of {rt.world_size} on {rt.host} (node {rt.node} of {rt.nodes})", flush=True)
     try:
         layout = layout_from_config(run.config, rt.world_size)
+        if layout.sp > 1:
+            ulysses.check_supported(run.model, layout, run.config, run.loop.batching, run.lora)
         data = run.data or _prepare_default_data(run, rt)
         _check_data(run.model, data)
         seed_everything(run.loop.seed)
@@ -245,6 +248,8 @@ def main(run: TrainRun) -> dict[str, Any]:
             model, params = _pipeline(model, run.model, layout, run.config)
         elif layout.recompute == "full":
             _recompute_blocks(model, layout.offload_activations)
+        # DeepSpeed-Ulysses: SDPA replaced by its all-to-all attention; its groups are the engine's mpu
+        mpu = ulysses.register(model, layout) if layout.sp > 1 else None
         ckpt = _tiers(run, rt.rank)
         tag = _resume_tag(ckpt, run)
         if ckpt is not None and tag is None and run.loop.crash_at_step and rt.rank == run.loop.crash_rank:
@@ -259,6 +264,7 @@ def main(run: TrainRun) -> dict[str, Any]:
             model_parameters=None if client_optimizer else params,
             optimizer=client_optimizer,
             config=config,
+            mpu=mpu,
         )
         if client_optimizer is not None:
             from toolkit.parallel.onebit import attach_to_engine
@@ -268,6 +274,8 @@ def main(run: TrainRun) -> dict[str, Any]:
         peak = run.cluster.peak_flops(layout.precision) if run.cluster else None
         trainer = Trainer(engine, run.model, layout, rt, data, run.run_dir, ckpt, run.loop, peak, aux)
         trainer.compressed_optimizer = client_optimizer
+        if mpu is not None:
+            trainer.sp = ulysses.SequenceParallel(engine, layout)
         from toolkit.run.stop import StopRequest
 
         trainer.stop = StopRequest.install()

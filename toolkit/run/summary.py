@@ -27,7 +27,7 @@ def summarize(trainer: Any, run: Any, layout: Layout) -> dict[str, Any]:
         **meter.rates(step_s),
         "peak_memory_bytes": trainer.peak_memory(),
         "peak_rss_bytes": trainer.peak_rss(),
-        "param_norm": trainer.param_norm(),
+        "param_norm": param_norm(trainer),
         "params_on_rank": _params_on_rank(trainer),
         "aux_losses": trainer.record.aux_losses,
         "comm_bytes_per_step": _comm_bytes_per_step(trainer),
@@ -69,6 +69,24 @@ def summarize(trainer: Any, run: Any, layout: Layout) -> dict[str, Any]:
             where = f"; checkpoint {run.checkpoint_dir} at step {trainer.step}" if run.checkpoint_dir else ""
             print(f"stopped by {name} after step {trainer.step}{where}", flush=True)
     return summary
+
+
+def param_norm(trainer: Any) -> float:
+    """L2 norm of every fp32 parameter value, gathered across ZeRO-3 partitions — compares two runs' weights."""
+    import deepspeed
+    import torch
+
+    from toolkit.run.runtime import settle_zero3
+
+    params = list(trainer.engine.module.parameters())
+    settle_zero3(trainer.engine)
+    # one tensor at a time: with parameters on NVMe a gather takes one swap buffer per tensor, and there
+    # are 5 ("Not enough buffers 5 for swapping 16", partitioned_param_swapper.py:310)
+    total = 0.0
+    for p in params:
+        with deepspeed.zero.GatheredParameters([p], enabled=trainer.layout.zero_stage == 3):
+            total += float(p.detach().double().pow(2).sum())
+    return float(torch.sqrt(torch.tensor(total, dtype=torch.float64)))
 
 
 OUTSIDE = (0.5, 2.0)
