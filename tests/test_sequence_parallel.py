@@ -27,13 +27,15 @@ def test_ulysses_sp2_trains_the_sp1_computation(tmp_path, prepared_data) -> None
     a step, one brought by each rank, 32 tokens each per rank); with --sp 1 they are 2 data-parallel ranks.
     The losses, the held-out loss and DeepSpeed's gradient norm are the same: the norm is what catches a loss
     that back-propagates the whole micro-batch's loss on every rank (the ALST tutorial's, at ZeRO-2: every
-    gradient sp × too large, which AdamW and clipping nearly hide in the losses)."""
+    gradient sp × too large, which AdamW and clipping nearly hide in the losses). The all-to-all bytes DeepSpeed's
+    comms logger counts are the cost model's Ulysses term."""
     runs = {}
     for sp in (1, 2):
         cfg = config(
             tmp_path / f"sp{sp}.json", "--model", LLAMA, "--sp", str(sp), "--zero-stage", "2",
             "--micro-batch", "4", "--global-batch", "8", "--lr", "3e-3", "--train-steps", "10",
             "--warmup-steps", "2", "--log-dir", str(tmp_path / f"logs{sp}"),
+            *(["--comms-logger"] if sp == 2 else []),
         )  # fmt: skip
         args = ["--model", LLAMA, "--data", str(prepared_data), "--steps", "10", "--log-every", "1"]
         runs[sp] = launch(tmp_path / f"run{sp}", cfg, [*args, "--eval-every", "10", "--eval-rows", "8"])
@@ -50,6 +52,12 @@ def test_ulysses_sp2_trains_the_sp1_computation(tmp_path, prepared_data) -> None
     assert len(norms[2]) == 10 and norms[2] == pytest.approx(norms[1], rel=1e-4, abs=1e-6)
     # 8 validation rows: one micro-batch on each of 2 ranks, or 2 micro-batches over the group
     assert two["evals"][0]["loss"] == pytest.approx(one["evals"][0]["loss"], rel=1e-4, abs=1e-4)
+    # the cost model's Ulysses all-to-all volume is what DeepSpeed's comms logger counted: per training
+    # micro-batch a forward and a backward pass, 2 per step, 10 steps; the evaluation adds its 2 micro-batches'
+    # forward passes (each rank its slice), i.e. 42 passes where training alone is 40
+    predicted = two["predicted"]["sp_all_to_all_bytes_per_step"]
+    measured = two["comm_bytes_per_step_by_op"]["all_to_all_single"]
+    assert predicted > 0 and measured == pytest.approx(predicted * 42 / 40, rel=1e-6)
 
 
 @pytest.mark.multiprocess

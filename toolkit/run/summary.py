@@ -12,6 +12,7 @@ def summarize(trainer: Any, run: Any, layout: Layout) -> dict[str, Any]:
     """Gather the measurements of every rank; rank 0 writes `summary.json` and prints the comparison."""
     meter = trainer.meter
     step_s = meter.step_time_s
+    by_op = _comm_bytes_per_step(trainer)
     summary: dict[str, Any] = {
         "model": run.model.name,
         "layout": layout.model_dump(),
@@ -30,7 +31,8 @@ def summarize(trainer: Any, run: Any, layout: Layout) -> dict[str, Any]:
         "param_norm": param_norm(trainer),
         "params_on_rank": _params_on_rank(trainer),
         "aux_losses": trainer.record.aux_losses,
-        "comm_bytes_per_step": _comm_bytes_per_step(trainer),
+        "comm_bytes_per_step": sum(by_op.values()),
+        "comm_bytes_per_step_by_op": by_op,
         "model_state_bytes": trainer.record.model_states,
         "checkpoint_dir": str(run.checkpoint_dir) if run.checkpoint_dir else None,
     }
@@ -137,16 +139,18 @@ def reality_check(summary: dict[str, Any], cluster: Any, layout: Layout) -> list
     return [f"measured {what} (outside ×{OUTSIDE[0]:g}–{OUTSIDE[1]:g}); likely: " + "; ".join(causes)]
 
 
-def _comm_bytes_per_step(trainer: Any) -> float:
-    """Bytes this rank passed to collectives per step, from DeepSpeed's comms logger when the config enabled it
-    (message sizes as DeepSpeed records them); 0 otherwise."""
+def _comm_bytes_per_step(trainer: Any) -> dict[str, float]:
+    """Bytes this rank passed to each collective per step (evaluation's included), from DeepSpeed's comms
+    logger when the config enabled it (message sizes as DeepSpeed records them); empty otherwise."""
     from deepspeed.comm import comm
 
     logger = getattr(comm, "comms_logger", None)
     if logger is None or not getattr(logger, "enabled", False) or not trainer.meter.step_times:
-        return 0.0
-    total = sum(size * rec[0] for op in logger.comms_dict.values() for size, rec in op.items())
-    return total / len(trainer.meter.step_times)
+        return {}
+    steps = len(trainer.meter.step_times)
+    return {
+        name: sum(size * rec[0] for size, rec in op.items()) / steps for name, op in logger.comms_dict.items()
+    }
 
 
 def _params_on_rank(trainer: Any) -> list[dict[str, int]]:

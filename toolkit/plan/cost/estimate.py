@@ -17,7 +17,7 @@ from toolkit.plan.cost import activations as act
 from toolkit.plan.cost.compute import stage_compute
 from toolkit.plan.cost.flops import hardware_flops_per_token, model_flops_per_token, model_tflops_per_gpu
 from toolkit.plan.cost.memory import GIB, Memory, rank_params, stage_memory
-from toolkit.plan.cost.timing import StageLoad, StepTime, step_time
+from toolkit.plan.cost.timing import StageLoad, StepTime, sp_all_to_all_bytes, step_time
 from toolkit.plan.layout import Layout
 from toolkit.plan.params import count_params, tensor_numels, zero_grad_partition
 from toolkit.plan.specs import ClusterSpec, ModelSpec
@@ -133,6 +133,14 @@ class Estimate:
                 "total": m.engine.device_bytes,
             },
             "gpu_memory_bytes": self.capacity_bytes,
+            # what the comms logger of a `dstk train --comms-logger` run records as all_to_all_single
+            "sp_all_to_all_bytes_per_step": self.layout.gradient_accumulation_steps
+            * sp_all_to_all_bytes(
+                self.model,
+                self.layout,
+                max(b for b, _ in stage_blocks(self.model, self.layout.pp)),
+                self.layout.bytes_per_element,
+            ),
             "cpu_memory_per_node_bytes": m.cpu_per_node,
             "nvme_per_node_bytes": m.nvme_per_node,
             "offload_per_rank_bytes": {

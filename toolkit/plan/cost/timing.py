@@ -109,14 +109,26 @@ def _micro_comm_s(model: ModelSpec, cluster: ClusterSpec, layout: Layout, load: 
         routed = model.moe_top_k * model.moe_capacity_factor
         t += calls * comm.all_to_all_s(tokens * routed * h * e / layout.tp, g["ep"], cluster)
     if layout.sp > 1:
-        widths = 2 * model.n_heads * model.head_dim + 2 * model.n_kv_heads * model.head_dim
         passes = 3 if full else 2
-        t += passes * load.n_blocks * comm.all_to_all_s(tokens * widths * e / layout.tp, g["sp"], cluster)
+        per_call = sp_all_to_all_bytes(model, layout, 1, e) / passes
+        t += passes * load.n_blocks * comm.all_to_all_s(per_call, g["sp"], cluster)
     if layout.pp > 1:
         crosses = layout.tp * layout.sp * layout.dp >= cluster.gpus_per_node
         # activations forward and their gradients backward; Megatron's scatter/gather sends 1/t per rank
         t += 2 * comm.p2p_s(tokens * h * e / layout.tp, crosses, cluster)
     return t
+
+
+def sp_all_to_all_bytes(model: ModelSpec, layout: Layout, n_blocks: int, e: int) -> float:
+    """Bytes one rank hands DeepSpeed-Ulysses' all-to-alls per micro-batch: in each block's attention, q, k and
+    v (sequence → head sharded) and the output (back), a·d + 2·kv·d + a·d wide over its s/sp tokens; the same
+    again for their gradients in backward, and once more when full recomputation reruns the forward."""
+    if layout.sp == 1:
+        return 0.0
+    tokens = layout.micro_batch_size * model.seq_length / layout.sp
+    widths = 2 * model.n_heads * model.head_dim + 2 * model.n_kv_heads * model.head_dim
+    passes = 3 if layout.recompute == "full" else 2
+    return passes * n_blocks * tokens * widths * e / layout.tp
 
 
 def _gather_calls(model: ModelSpec, load: StageLoad, params: float, knobs: ZeroKnobs) -> float:
