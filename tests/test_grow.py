@@ -258,8 +258,9 @@ def test_grow_the_replan_and_the_schedule_import_no_torch() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
-    # a 13B model on 8 × 40 GB GPUs needs full recomputation where the 7B one did not
-    assert "the layout changes: recompute selective → full" in proc.stdout, proc.stdout
+    # a 13B model on 8 × 40 GB GPUs needs full recomputation where the 7B one did not (HF's SDPA stores no
+    # attention scores, so the 7B one needs none at all)
+    assert "recompute none → full" in proc.stdout, proc.stdout
     assert "--global-batch 512" in proc.stdout
 
 

@@ -189,6 +189,7 @@ def stage_compute(
     peak: float,
     frozen: bool = False,
     fused_kernels: bool = True,
+    flash: bool = False,
 ) -> StageCompute:
     """Forward, backward and recomputation seconds of one micro-batch on one rank of a pipeline stage.
 
@@ -197,7 +198,8 @@ def stage_compute(
     last stage adds the LM head (2·h·V FLOPs per token forward, vocabulary-parallel) and its softmax.
     """
     tokens = micro_batch * model.seq_length
-    flash = recompute != "none"  # selective recomputation is what fused (flash) attention does
+    # selective recomputation is what fused (flash) attention does; HF's SDPA runs such kernels anyway
+    flash = flash or recompute != "none"
     common = dict(
         tokens=tokens,
         e=e,

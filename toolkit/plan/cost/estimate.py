@@ -196,8 +196,9 @@ def _per_micro_activations(model: ModelSpec, layout: Layout, blocks: int, moe_bl
         tp=layout.tp,
         sequence_parallel=layout.tp_sequence_parallel,
     )
-    per_micro = (blocks - moe_blocks) * act.block_bytes(model, recompute=layout.recompute, **kwargs)
-    per_micro += moe_blocks * act.block_bytes(model, recompute=layout.recompute, moe=True, **kwargs)
+    recompute = act.attention_recompute(model, layout.recompute, layout.fused_kernels)
+    per_micro = (blocks - moe_blocks) * act.block_bytes(model, recompute=recompute, **kwargs)
+    per_micro += moe_blocks * act.block_bytes(model, recompute=recompute, moe=True, **kwargs)
     return per_micro
 
 
@@ -218,7 +219,7 @@ def _stage_activations(
             e,
             layout.tp,
             layout.tp_sequence_parallel,
-            "none",
+            act.attention_recompute(model, "none", layout.fused_kernels),  # the block being rebuilt
             moe=moe_blocks > 0,
         )
     if index == layout.pp - 1:
@@ -355,6 +356,7 @@ def estimate(
             moe_layers=st.moe_blocks,
             last=last,
             recompute=layout.recompute,
+            flash=act.attention_recompute(model, "none", layout.fused_kernels) != "none",
             sequence_parallel=layout.tp_sequence_parallel,
             peak=peak,
             frozen=layout.lora is not None,
