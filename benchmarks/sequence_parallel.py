@@ -124,13 +124,15 @@ def estimate_parts(model_file: Path, sp: int, recompute: str) -> dict[str, float
     """`dstk estimate`'s activations for `--sp sp --recompute recompute`, and its two terms (the cost model's
     functions; their sum is checked against the estimate)."""
     from benchmarks.common import dstk
-    from toolkit.plan.cost.activations import block_bytes, logits_bytes
+    from toolkit.plan.cost.activations import attention_recompute, block_bytes, logits_bytes
     from toolkit.plan.load import load_model
 
     flags = ["--model", str(model_file), "--cluster", "cpu", "--sp", str(sp), "--recompute", recompute]
     est = json.loads(dstk("estimate", *flags, *LAYOUT, "--json").stdout)
     spec = load_model(str(model_file))
-    blocks = spec.n_layers * block_bytes(spec, 1, 4, 1, False, recompute) / sp
+    # HF's SDPA: the estimate prices `none` as `selective` for the attention core (activations.py)
+    effective = attention_recompute(spec, recompute, fused_kernels=False)
+    blocks = spec.n_layers * block_bytes(spec, 1, 4, 1, False, effective) / sp
     logits = logits_bytes(spec, 1, 4, 1) / sp
     total = est["memory_per_gpu_bytes"]["activations"]
     if abs(blocks + logits - total) > 1e-6 * total:
@@ -214,9 +216,10 @@ def report(r: dict[str, Any], command: str) -> list[str]:
         "",
         "Measured: bytes autograd saves for backward in one forward of one sequence (model and loss), distinct "
         'storages, parameters excluded; "rest" is the embedding output, final norm, LM head and loss. Where '
-        "they differ: (1) the estimate at `--recompute none` prices the softmax scores, a·s² per sequence and "
-        "block (Korthikanti et al.), which SDPA's fused kernel never stores (it keeps q, k, v, the output and a "
-        "log-sum-exp), so at this length it is several times the measurement; without them it is close. (2) "
+        "they differ: (1) SDPA's fused kernel never stores the softmax scores, a·s² per sequence and block "
+        "(Korthikanti et al.; it keeps q, k, v, the output and a log-sum-exp), so the estimate leaves them out "
+        "for HF models at `--recompute none` too (toolkit/plan/cost/activations.py `attention_recompute`; "
+        "before 2026-12-04 it priced them, several times the measurement at this length). (2) "
         "Per block, sp=2 keeps one [s/sp, h] tensor more than half of sp=1's: the attention output is saved "
         "by SDPA (head-sharded) and, after the all-to-all back, by o_proj (sequence-sharded), where at sp=1 "
         "o_proj's input shares SDPA's output storage; the label and position slices are views of full-length "
