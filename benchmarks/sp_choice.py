@@ -31,17 +31,8 @@ from benchmarks.common import (
     train,
     write_record,
 )
+from benchmarks.sequence_parallel import MODEL  # the same tiny Llama, at a longer sequence
 
-MODEL = {
-    "name": "tiny-llama-long",
-    "architecture": "llama",
-    "n_layers": 2,
-    "hidden_size": 64,
-    "n_heads": 4,
-    "n_kv_heads": 2,
-    "ffn_hidden_size": 176,
-    "vocab_size": 512,
-}
 PINS = ["--zero-stage", "2", "--precision", "fp32", "--micro-batch", "1", "--recompute", "none"]
 
 
