@@ -354,3 +354,23 @@ def test_zero_infinity_single_dgx2_limits() -> None:
     two = plan(model_from_params(1e12), load_cluster("v100-32g", {"nodes": 2}), PlanQuery())
     assert two is not None
     assert (two.best.layout.offload_optimizer, two.best.layout.offload_param) == ("nvme", "nvme")
+
+
+def test_ulysses_needs_kv_heads_and_sp_to_divide_one_another() -> None:
+    """DeepSpeed's Ulysses splits kv heads over the group, or replicates them to it when there are fewer: 8 kv
+    heads go with sp 16 (replicated) and sp 4; 6 kv heads with sp 4 neither split nor replicate."""
+    from toolkit.plan.rules import broken_rules
+    from toolkit.plan.specs import ModelSpec
+
+    cluster = load_cluster("dgx-a100-80g", {"nodes": 2})
+
+    def broken(kv: int, heads: int, sp: int) -> list[str]:
+        model = ModelSpec(
+            architecture="llama", n_layers=2, hidden_size=128 * heads, n_heads=heads, n_kv_heads=kv,
+            vocab_size=1000, seq_length=32768,
+        )  # fmt: skip
+        request = LayoutRequest(sp=sp, global_batch_size=16 // sp * sp)
+        return [msg for _, msg in broken_rules(model, cluster, request, 16 // sp, ("layout",))]
+
+    assert not broken(8, 32, 16) and not broken(8, 32, 4)
+    assert any("--sp: kv heads per TP rank (6) and sp(4)" in m for m in broken(6, 24, 4))

@@ -134,6 +134,11 @@ def _sp_divides(m: ModelSpec, r: LayoutRequest, dp: int) -> str | None:
             f"--sp: heads per TP rank ({m.n_heads // r.tp}) and seq_length({m.seq_length}) must be divisible "
             f"by sp({r.sp})"
         )
+    kv = max(m.n_kv_heads // r.tp, 1)
+    if kv % r.sp and r.sp % kv:
+        # DeepSpeed's UlyssesSPAttentionHF splits the kv heads over the group or replicates them to it
+        # (ulysses_sp.py: "KV attention head count ... is not divisible by SP size ... or vice versa")
+        return f"--sp: kv heads per TP rank ({kv}) and sp({r.sp}) must divide one another"
     return None
 
 
