@@ -41,7 +41,8 @@ def _model_type(data: dict[str, Any]) -> str:
     return arch
 
 
-# `architectures` class-name prefixes (lower case) → model_type, longest first: Qwen2MoeForCausalLM is not Qwen2
+# `architectures` class-name prefixes (lower case) → model_type, the first match wins: the MoE prefixes come
+# before "qwen2", since Qwen2MoeForCausalLM also starts with it
 _CLASS_PREFIXES = (
     ("gpt2", "gpt2"),
     ("llama", "llama"),
@@ -61,9 +62,7 @@ _QWEN_MOE_DEFAULTS = {
         moe_intermediate_size=1408,
         shared_expert_intermediate_size=5632,
     ),
-    "qwen3_moe": dict(
-        num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768, shared_expert_intermediate_size=0
-    ),
+    "qwen3_moe": dict(num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768),
 }
 
 

@@ -214,12 +214,8 @@ def tensor_numels(spec: ModelSpec) -> tuple[int, ...]:
 def _sparse_block_numels(spec: ModelSpec) -> list[int]:
     """An HF sparse block's tensors in registration order: Mixtral and Qwen2-MoE register the router first,
     Qwen3-MoE the fused experts first; Qwen2-MoE's shared expert (gate, up, down) and its gate follow."""
-    h, e, fe, fs = (
-        spec.hidden_size,
-        spec.num_experts,
-        spec.moe_ffn_hidden_size,
-        spec.shared_expert_ffn_hidden_size,
-    )
+    h, e, fe = spec.hidden_size, spec.num_experts, spec.moe_ffn_hidden_size
+    fs = spec.shared_expert_ffn_hidden_size
     experts = [e * 2 * fe * h, e * h * fe]
     out = [*experts, h * e] if spec.family.experts_before_router else [h * e, *experts]
     return out + ([h * fs, h * fs, fs * h, h] if fs else [])

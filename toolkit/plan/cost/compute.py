@@ -140,9 +140,8 @@ def block_forward_s(
         )
         t += _gemm_s(m, h, model.num_experts, e, peak, cluster)  # router
         ffn_tp = ffn * routed
-        shared = (
-            model.shared_expert_ffn_hidden_size
-        )  # Qwen2-MoE: a dense MLP beside the experts, and its gate
+        # Qwen2-MoE: a dense MLP beside the experts, and its gate
+        shared = model.shared_expert_ffn_hidden_size
         if shared:
             t += _gemm_s(m, h, n_in * shared / tp, e, peak, cluster) + _gemm_s(
                 m, shared / tp, h, e, peak, cluster

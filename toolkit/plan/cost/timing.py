@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from toolkit.plan.cost import activations as act
 from toolkit.plan.cost import comm
 from toolkit.plan.cost.compute import StageCompute
 from toolkit.plan.layout import Layout
@@ -242,9 +243,16 @@ def _activation_offload_s(model: ModelSpec, cluster: ClusterSpec, layout: Layout
     a few GB/s suffice to hide them)."""
     if not layout.offload_activations:
         return 0.0
-    stored = layout.bytes_per_element * model.hidden_size * model.seq_length * layout.micro_batch_size
-    stored /= layout.sp * (layout.tp if layout.tp_sequence_parallel else 1)
-    copies = 2 * load.n_blocks * stored / (cluster.pcie_gb_per_s * 1e9)
+    # a block input: what full recomputation keeps per block (activations.block_bytes), split over SP
+    stored = act.block_bytes(
+        model,
+        layout.micro_batch_size,
+        layout.bytes_per_element,
+        layout.tp,
+        layout.tp_sequence_parallel,
+        "full",
+    )
+    copies = 2 * load.n_blocks * stored / layout.sp / (cluster.pcie_gb_per_s * 1e9)
     return layout.gradient_accumulation_steps * max(0.0, copies - load.compute.total_s)
 
 
