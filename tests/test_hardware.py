@@ -92,6 +92,7 @@ CPUS = [
     ("cpuinfo_intel-xeon-platinum-8260m.txt", False, "fp32"),
     ("cpuinfo_intel-xeon-e5-2680v3.txt", False, "fp32"),
     ("cpuinfo_amd-epyc-avx2-host.txt", False, "fp32"),
+    ("cpuinfo_amd-epyc-zen4-host.txt", True, "bf16"),
 ]
 
 
@@ -109,6 +110,33 @@ def test_recorded_cpuinfo_gives_bf16_by_isa(name, native, precision) -> None:
         assert spec.peak_flops("bf16") < spec.peak_flops("fp32") / 50
         assert "emulated" in precision_reason(spec, "fp32")
     assert any("not calibrated" in w for w in det.warnings)
+
+
+@pytest.mark.parametrize(
+    "cap,native",
+    [
+        ("AVX2", False),
+        ("avx512_core_vnni", False),
+        ("AVX512_CORE_BF16", True),
+        ("DEFAULT", True),
+        ("foo", True),
+    ],
+)
+def test_onednn_isa_cap_makes_a_native_bf16_host_emulate_it(cap, native) -> None:
+    """ONEDNN_MAX_CPU_ISA below AVX512_CORE_BF16 is how a native-bf16 host reproduces an AVX2-only one
+    (measured: 206 → 1.0 GFLOP/s per core); detection plans what torch will then run, and a new fingerprint
+    keeps the host's uncapped calibration apart."""
+    zen4 = (DATA / "cpuinfo_amd-epyc-zen4-host.txt").read_text()
+    plain, capped = _detect(cpu=zen4), _detect(cpu=zen4, environ={"ONEDNN_MAX_CPU_ISA": cap})
+    spec = ClusterSpec.model_validate(capped.cluster)
+    assert default_precision(spec) == ("bf16" if native else "fp32")
+    assert spec.peak_flops("fp32") == ClusterSpec.model_validate(plain.cluster).peak_flops("fp32")
+    assert (capped.fingerprint == plain.fingerprint) is native
+    if not native:
+        assert "hides avx512_bf16" in capped.hardware["isa_cap"]
+        assert "emulated" in precision_reason(spec, "fp32")
+    elif cap == "foo":
+        assert "not a oneDNN ISA level" in capped.hardware["isa_cap"]
 
 
 def test_cpu_ranks_share_the_cores(tmp_path) -> None:

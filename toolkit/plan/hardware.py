@@ -84,6 +84,56 @@ class CpuInfo:
         return self.fp32_flops_per_cycle() / EMULATED_BF16_SLOWDOWN
 
 
+# oneDNN's ISA levels in the order `ONEDNN_MAX_CPU_ISA` caps them (oneDNN developer guide, "CPU dispatcher
+# control", enum dnnl_cpu_isa_t; the AVX512_CORE_FP16/AMX names are aliases of the AVX10_1 ones). torch's CPU
+# bf16 matmul runs through oneDNN, so a cap below AVX512_CORE_BF16 makes a native-bf16 host emulate bf16: on a
+# Zen 4 EPYC (avx512_bf16) one core's 1024² bf16 product fell from 206 to 1.0 GFLOP/s with
+# ONEDNN_MAX_CPU_ISA=AVX2, fp32 (MKL) unchanged at 88 — the rate of a real AVX2-only host (0.8). Measured
+# 2026-12-04; torch's own ATEN_CPU_CAPABILITY=avx2 leaves bf16 at 206 (it does not reach oneDNN).
+ONEDNN_ISA_LEVELS = (
+    "SSE41",
+    "AVX",
+    "AVX2",
+    "AVX2_VNNI",
+    "AVX2_VNNI_2",
+    "AVX512_CORE",
+    "AVX512_CORE_VNNI",
+    "AVX512_CORE_BF16",
+    "AVX10_1_512",
+    "AVX10_1_512_AMX",
+    "AVX10_1_512_AMX_FP16",
+)
+ONEDNN_ISA_ALIASES = {
+    "AVX512_CORE_FP16": "AVX10_1_512",
+    "AVX512_CORE_AMX": "AVX10_1_512_AMX",
+    "AVX512_CORE_AMX_FP16": "AVX10_1_512_AMX_FP16",
+}
+
+
+def onednn_isa_cap(cpu: CpuInfo, environ: Mapping[str, str]) -> tuple[CpuInfo, str | None]:
+    """`cpu` as torch's bf16 kernels see it under `ONEDNN_MAX_CPU_ISA`: the bf16 flags a cap below their
+    level hides are dropped (AMX below AVX10_1_512_AMX, AVX512-BF16 below AVX512_CORE_BF16), and a line
+    saying so. fp32 flags stay: torch's fp32 matmul goes through MKL, which the cap does not reach. An
+    unset, `DEFAULT` or unknown value changes nothing (an unknown one is named in the line)."""
+    raw = environ.get("ONEDNN_MAX_CPU_ISA") or environ.get("DNNL_MAX_CPU_ISA")
+    if not raw or raw.upper() in ("DEFAULT", "ALL"):
+        return cpu, None
+    level = ONEDNN_ISA_ALIASES.get(raw.upper(), raw.upper())
+    if level not in ONEDNN_ISA_LEVELS:
+        return cpu, f"ONEDNN_MAX_CPU_ISA={raw} is not a oneDNN ISA level this version knows: ignored"
+    rank = ONEDNN_ISA_LEVELS.index(level)
+    hidden = set()
+    if rank < ONEDNN_ISA_LEVELS.index("AVX10_1_512_AMX"):
+        hidden |= {f for f in cpu.flags if f.startswith("amx")}
+    if rank < ONEDNN_ISA_LEVELS.index("AVX512_CORE_BF16"):
+        hidden.add("avx512_bf16")
+    hidden &= cpu.flags
+    if not hidden:
+        return cpu, None
+    capped = CpuInfo(cpu.model, cpu.vendor, cpu.flags - hidden, cpu.logical_cpus, cpu.mhz)
+    return capped, f"ONEDNN_MAX_CPU_ISA={raw} hides {', '.join(sorted(hidden))} from oneDNN's bf16 kernels"
+
+
 @dataclass(frozen=True)
 class GpuInfo:
     """One GPU as nvidia-smi reports it."""

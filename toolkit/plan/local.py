@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -26,6 +27,7 @@ from toolkit.plan.hardware import (
     match_gpu,
     meminfo_gib,
     numa_nodes,
+    onednn_isa_cap,
     package_versions,
     parse_cpuinfo,
     parse_nvidia_smi,
@@ -202,9 +204,11 @@ def detect(
     ranks: int | None = None,
     use_cache: bool = True,
     versions: dict[str, str | None] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> Detection:
     """Describe this machine as a one-node cluster. Every input can be given (recorded outputs in tests);
-    otherwise it is read from `root` and from running nvidia-smi."""
+    otherwise it is read from `root` and from running nvidia-smi. `environ` (this process's environment when
+    /proc/cpuinfo is read live, else empty) supplies `ONEDNN_MAX_CPU_ISA`, which changes what bf16 costs."""
     live = nvidia_smi is None and root == Path("/")
     if live:
         nvidia_smi = run_nvidia_smi()
@@ -213,6 +217,9 @@ def detect(
     if live:  # what this process may use, not all the box has
         gpus, hidden = visible_gpus(gpus, os.environ)
     cpu = parse_cpuinfo(cpuinfo if cpuinfo is not None else read_text(root / "proc/cpuinfo") or "")
+    if environ is None:
+        environ = os.environ if cpuinfo is None and root == Path("/") else {}
+    cpu, capped = onednn_isa_cap(cpu, environ)
     meminfo = meminfo if meminfo is not None else read_text(root / "proc/meminfo")
     det = Detection(cluster={"name": "local", "nodes": 1}, sources={})
     if hidden:
@@ -221,6 +228,8 @@ def detect(
         "cpu": cpu.model,
         "cpu_flags": sorted(f for f in cpu.flags if re.match(r"(avx|amx|fma)", f)),
     }
+    if capped:
+        det.hardware["isa_cap"] = capped
     ranks = ranks or (len(gpus) if gpus else default_cpu_ranks(cpu, numa_nodes(root)))
     versions = versions if versions is not None else package_versions()
     det.fingerprint = fingerprint(cpu, gpus, ranks, versions)
