@@ -1,4 +1,4 @@
-"""`dstk calibrate` on this machine: 2 ranks measure at once, sized from a first tiny product so that a host
+"""`dstk calibrate` on this machine: 2 ranks measure at once, its GEMM probes sized by time so that a host
 whose bf16 is emulated finishes as fast as one with native bf16; the cluster file it writes loads, carries
 every measured figure the cost model reads, is cached for this host, and `--cluster local` then uses it."""
 

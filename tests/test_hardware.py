@@ -5,6 +5,7 @@ hardware; an unknown GPU is named with the fields that are unknown; a cached cal
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -248,3 +249,41 @@ def test_hidden_gpus_are_not_planned_for(environ, count) -> None:
     gpus = parse_nvidia_smi((DATA / "nvidia-smi_h100-sxm5-80gb_x8.txt").read_text())
     kept, why = visible_gpus(gpus, environ)
     assert len(kept) == count and (why is None) == (not environ)
+
+
+# `dstk calibrate --json` per-rank measurements recorded on real hosts (tests/data/calibration): the lent H200
+# node's GPU and its AMX Xeon (GPUs hidden), this machine kind's Zen 4 EPYC with and without oneDNN's bf16
+CALIBRATIONS = DATA.parent / "calibration"
+
+
+@pytest.mark.parametrize(
+    "name,precision",
+    [
+        ("h200_cuda_1rank.json", "bf16"),
+        ("xeon-amx_cpu_2ranks.json", "bf16"),
+        ("epyc-zen4_cpu_2ranks.json", "bf16"),
+        ("epyc-zen4-onednn-avx2_cpu_2ranks.json", "fp32"),
+    ],
+)
+def test_recorded_calibrations_give_the_precision_and_the_device_memory(name, precision) -> None:
+    """From a measurement to the cluster file: the precision the host computes fastest; on a GPU the
+    framework overhead is what the device holds outside torch's pool (context, NCCL), not the host RSS the CPU
+    accelerator counts, and host memory bandwidth is a host copy, not the device's."""
+    from toolkit.plan.calibration import cluster_description
+
+    results = json.loads((CALIBRATIONS / name).read_text())
+    spec = ClusterSpec.model_validate(cluster_description(results, "calibrated"))
+    assert default_precision(spec) == precision == results[0]["precision"]
+    if spec.accelerator == "cpu":
+        assert spec.framework_overhead_gib == pytest.approx(
+            max(r["engine"]["rss_gib"] for r in results), abs=1e-3
+        )
+        assert spec.cpu_memory_gb_per_s == pytest.approx(sum(r["copy_gb_per_s"] for r in results), abs=0.01)
+    else:
+        gpu = results[0]
+        assert spec.supports_fp16 and spec.framework_overhead_gib == pytest.approx(
+            gpu["device_outside_gib"], abs=1e-3
+        )
+        assert gpu["device_outside_gib"] < gpu["engine"]["rss_gib"]
+        assert spec.cpu_memory_gb_per_s == pytest.approx(gpu["host_copy_gb_per_s"], abs=0.01)
+        assert spec.cpu_memory_gb_per_s < gpu["copy_gb_per_s"] / 5  # HBM copies are not host memory

@@ -17,13 +17,14 @@ HEADER = """\
 # gpu_peak_tflops / gpu_fp32_peak_tflops: large 16-bit (bf16 on CPU, emulated where the ISA lacks it) and
 # fp32 GEMMs per rank; the probes run in the fastest precision, `precision` below: gpu_matmul_efficiency is
 # training-sized Linear forward + backward over the large GEMM in it, attention_efficiency causal SDPA
-# forward + backward over it; gpu_memory_gb_per_s: elementwise kernels; cpu_memory_gb_per_s: copies, all
+# forward + backward over it; gpu_memory_gb_per_s: elementwise kernels; cpu_memory_gb_per_s: host copies, all
 # ranks together; collective_bus_gb_per_s / collective_latency_us: alpha-beta fits of each collective (bus
 # bandwidth as nccl-tests defines it), intra_node_gb_per_s the all-reduce's; kernel_launch_us: one GPT-2
 # block's host cost per micro-batch over its kernels; step_overhead_ms: the engine's fixed cost per step;
 # optimizer_ns_per_param (CPU): DeepSpeed's optimizer step per updated parameter, ZeRO-0 (replicated) and
-# ZeRO-1/2/3 (partitioned); framework_overhead_gib: RSS after imports, process-group set-up and a tiny
-# model's training steps; storage_gb_per_s: write + fsync + SHA-256 at --checkpoint-path, a save's cost.
+# ZeRO-1/2/3 (partitioned); framework_overhead_gib: on the CPU RSS after imports, process-group set-up and
+# a tiny model's training steps, on a GPU what the device holds outside torch's pool (context, NCCL);
+# storage_gb_per_s: write + fsync + SHA-256 at --checkpoint-path, a save's cost.
 """
 
 

@@ -72,12 +72,22 @@ def cluster_description(results: list[dict[str, Any]], name: str) -> dict[str, A
         "inter_node_gb_per_s": round(busbw, 3),
         "pcie_gb_per_s": round(min(r.get("pcie_gb_per_s", r["copy_gb_per_s"]) for r in results), 2),
         "cpu_memory_gib": round(total_ram, 1),
-        "cpu_memory_gb_per_s": round(sum(r["copy_gb_per_s"] for r in results), 2),
+        "cpu_memory_gb_per_s": round(
+            sum(r.get("host_copy_gb_per_s", r["copy_gb_per_s"]) for r in results), 2
+        ),
         "nvme_gib": 0,
         "collective_latency_us": round(latency, 1),
         "collective_bus_gb_per_s": {k: round(v["bus_gb_per_s"], 3) for k, v in coll.items()} or None,
         "kernel_launch_us": round(max(_kernel_us(r) for r in results), 2),
-        "framework_overhead_gib": round(max(r["engine"]["rss_gib"] for r in results), 3),
+        # on a GPU what the device holds outside torch's pool (context, NCCL); on the CPU accelerator the
+        # rank's RSS once torch, DeepSpeed and transformers are loaded
+        "framework_overhead_gib": round(
+            max(
+                r["device_outside_gib"] if "device_outside_gib" in r else r["engine"]["rss_gib"]
+                for r in results
+            ),
+            3,
+        ),
         "step_overhead_ms": round(max(r["engine"]["step_s"] for r in results) * 1e3, 2),
     }
     if results[0].get("optimizer_ns_per_param"):

@@ -28,15 +28,35 @@ TRAINING_SHAPES = ((2048, 768, 3072), (2048, 3072, 768), (1024, 512, 1536), (409
 """(m, k, n) of GEMMs a small-to-medium transformer runs (tokens × hidden → 3·hidden or 4·hidden), at the
 scale of `LARGE_SIDE`; shrunk with it where the dtype is slow (`_sizes`)."""
 LARGE_SIDE = 2048
-PROBE_SECONDS = 0.05
-"""Time one probe GEMM should take: the sizes come from a first 128³ product, so a dtype that is emulated
-(bf16 on an AVX2-only CPU: 0.8 GFLOP/s vs 60 in fp32) is measured on small shapes in seconds, not minutes."""
+PROBE_SECONDS = 0.02
+"""Time one probe GEMM should take at least: the large GEMM's side doubles from 128 until one product takes
+this long (or reaches `LARGE_SIDE`), so a dtype that is emulated (bf16 on an AVX2-only CPU: 0.8 vs 60 GFLOP/s
+in fp32) is measured on small shapes in seconds, not minutes, and the training-sized probes, which scale
+with it, stay within the time box on a CPU (fp32 stops at 1024³, 20–40 ms, on the 2-core hosts)."""
 
 
-def _sizes(rate_flops: float) -> tuple[tuple[int, int, int], tuple[tuple[int, int, int], ...]]:
-    """The large GEMM and the training-sized ones, scaled so the large one takes about `PROBE_SECONDS`."""
-    side = int((rate_flops * PROBE_SECONDS / 2) ** (1 / 3)) // 64 * 64
-    side = min(max(side, 128), LARGE_SIDE)
+def _large_side(dtype: Any, device: Any, sync: Any) -> int:
+    """The side of the large GEMM probe: doubled from 128 while one product takes under `PROBE_SECONDS`.
+
+    Sized by time, not from a rate measured on one small product: with two ranks of 8 OpenMP threads on the 16
+    vCPUs of a lent Xeon (AMX), a 128³ bf16 product sometimes ran at 0.5 GFLOP/s for five calls in a row
+    (a parallel region waits for a descheduled thread, milliseconds against microseconds of work) while the
+    same process reached 2,300 GFLOP/s at 512³; a probe sized from that rate stayed at 128³ and the
+    calibration planned fp32 on a CPU whose bf16 is 3× faster (2026-12-04). Doubling stops only on a product
+    that is really slow, which a stall of a few milliseconds is not."""
+    import torch
+
+    side = 128
+    while side < LARGE_SIDE:
+        a = torch.randn(side, side, dtype=dtype, device=device)
+        if timeit(lambda a=a: a @ a, 3, sync) >= PROBE_SECONDS:
+            break
+        side *= 2
+    return min(side, LARGE_SIDE)
+
+
+def _sizes(side: int) -> tuple[tuple[int, int, int], tuple[tuple[int, int, int], ...]]:
+    """The large GEMM and the training-sized ones, scaled with it."""
     scale = side / LARGE_SIDE
     shapes = tuple(tuple(max(64, int(d * scale) // 16 * 16) for d in s) for s in TRAINING_SHAPES)
     return (side, side, side), shapes  # type: ignore[return-value]
@@ -214,6 +234,7 @@ def _worker(rank: int, world: int, port: int, nvme: str | None, queue: Any) -> N
     accel = deepspeed.get_accelerator()
     accel.set_device(rank)
     from toolkit.plan.layout import fastest_precision
+    from toolkit.run.metrics import device_memory_outside_allocator
     from toolkit.run.runtime import allow_heap_reuse
 
     allow_heap_reuse()  # measure the steady state `dstk train` reaches after its first two steps
@@ -236,15 +257,12 @@ def _worker(rank: int, world: int, port: int, nvme: str | None, queue: Any) -> N
     if accel.device_name() != "cpu":
         dtypes["fp16"] = torch.float16
     dist.barrier()
-    # a first 128³ product per dtype sizes the probes, so an emulated dtype costs seconds
-    rough = {
-        p: _matmul_tflops(dt, (128, 128, 128), device, sync, repeat=3) * 1e12 for p, dt in dtypes.items()
-    }
     result["large_tflops"], result["training_tflops"], result["shapes"] = {}, {}, {}
     for p, dt in dtypes.items():
-        large, shapes = _sizes(rough[p])
+        large, shapes = _sizes(_large_side(dt, device, sync))
+        rate = _matmul_tflops(dt, large, device, sync)
         result["shapes"][p] = large[0]
-        result["large_tflops"][p] = _matmul_tflops(dt, large, device, sync)
+        result["large_tflops"][p] = rate
         result["training_tflops"][p] = statistics.median(
             _linear_train_tflops(dt, s, device, sync) for s in shapes
         )
@@ -274,6 +292,11 @@ def _worker(rank: int, world: int, port: int, nvme: str | None, queue: Any) -> N
         )
         free, total = accel.available_memory(rank), accel.total_memory(rank)
         result["device_memory_gib"] = min(free, total) / 2**30
+        # the CUDA context and, after the collectives above, NCCL's buffers: what a rank's device holds
+        # beyond its tensors (the RSS below is host memory, which on a GPU node is not the device's)
+        result["device_outside_gib"] = device_memory_outside_allocator() / 2**30
+        # CPU Adam and offload copies run at the host's memory bandwidth, not the device's copy rate
+        result["host_copy_gb_per_s"] = _copy_gb_per_s("cpu", lambda: None)
     if nvme and rank == 0:
         result["nvme_gb_per_s"] = _nvme_gb_per_s(Path(nvme))
     dist.barrier()

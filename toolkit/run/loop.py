@@ -398,11 +398,13 @@ class Trainer:
         model when the switch came first), as CUDA's caching allocator holds reserved memory. `summary.json` reports both."""
         self._steps_here += 1
         if self._steps_here == LEAN_STEPS:
-            self._lean_peak = peak_memory_bytes(self.rt.accelerator)
+            if self.rt.accelerator == "cpu":
+                self._lean_peak = peak_memory_bytes(self.rt.accelerator)
             allow_heap_reuse()
 
     def peak_memory(self) -> list[int]:
-        """Per rank: peak allocated on an accelerator; on CPU the peak RSS up to the allocator switch."""
+        """Per rank: on an accelerator the whole run's peak allocation and the memory outside torch's pool; on
+        CPU the peak RSS up to the allocator switch."""
         return gather(self._lean_peak or peak_memory_bytes(self.rt.accelerator))
 
     def peak_rss(self) -> list[int] | None:
