@@ -112,8 +112,16 @@ class Trainer:
         self._grad_norm: float | None = None
         self.record = Record()
         tokens = layout.global_batch_size * self.train_data.seq_length
+        import deepspeed
+
         self.meter = Meter(
-            model, rt.world_size, tokens, peak_flops, warmup=LEAN_STEPS, frozen=layout.lora is not None
+            model,
+            rt.world_size,
+            tokens,
+            peak_flops,
+            warmup=LEAN_STEPS,
+            frozen=layout.lora is not None,
+            sync=deepspeed.get_accelerator().synchronize,
         )
         self._steps_here = 0
         """Optimizer steps this process has run (resumed runs start counting again)."""

@@ -89,13 +89,22 @@ class Meter:
     warmup: int = 1
     frozen: bool = False
     """LoRA: the base weights get no gradients, so a token costs 4·N model FLOPs (as the estimate counts)."""
+    sync: Any = None
+    """The accelerator's `synchronize`: a CUDA step returns to Python long before its kernels finish, so
+    without it a step's time is what the host took to queue them. On the lent H200 an unsynchronized 7B-shaped
+    Llama step read 0.19 s in its first steps and 0.73 s by the twentieth, as later steps waited for earlier
+    ones (2026-12-04); dstk's own loss all-reduce then waited outside the timed span."""
     step_times: list[float] = field(default_factory=list)
     _t0: float = 0.0
 
     def start(self) -> None:
+        if self.sync is not None:
+            self.sync()
         self._t0 = time.perf_counter()
 
     def stop(self) -> float:
+        if self.sync is not None:
+            self.sync()
         dt = time.perf_counter() - self._t0
         self.step_times.append(dt)
         return dt

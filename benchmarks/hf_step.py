@@ -1,0 +1,129 @@
+"""An HF model at a real block shape through `dstk train` on this machine's accelerator, each step's measured
+time beside `dstk estimate`'s prediction for the same layout.
+
+The question it answers is whether the HF target's per-layer pricing (eager RMSNorm and rotary, SwiGLU, SDPA,
+the fp32 loss) holds on a GPU, where `dstk plan` predicts ~60 % MFU for Llama-2-7B. The default model is
+Llama-2-7B's block (h 4096, 32 heads, MLP 11008, vocabulary 32000) with `--layers` blocks (4: 1.07B
+parameters, so ZeRO-1 with Adam fits one 80 GB GPU) at 2048 tokens; ZeRO-1, bf16, micro-batch 4, no
+recomputation, one rank per accelerator. `--cluster` defaults to `local`, which on a GPU node that has not
+been calibrated uses the GPU table's published peaks: the prediction a user gets before measuring anything.
+`--tiny` shrinks the model to a CPU smoke run. Every step's time is printed: a time that drifts over the run
+is a finding of its own. Writes JSON and Markdown to benchmarks/results/.
+
+Usage: python benchmarks/hf_step.py [--layers N] [--micro-batch N] [--steps N] [--ranks N] [--cluster C]
+                                    [--tiny] [--out-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import command_line, dstk, free_port, output_paths, prepare_data, write_record
+
+LLAMA2_7B_BLOCK = {
+    "architecture": "llama",
+    "hidden_size": 4096,
+    "n_heads": 32,
+    "ffn_hidden_size": 11008,
+    "vocab_size": 32000,
+    "seq_length": 2048,
+}
+TINY = {**LLAMA2_7B_BLOCK, "hidden_size": 256, "n_heads": 4, "ffn_hidden_size": 688, "seq_length": 256}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--micro-batch", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument(
+        "--ranks", type=int, default=None, help="ranks on this node (default: as --cluster local)"
+    )
+    ap.add_argument("--cluster", default="local")
+    ap.add_argument("--tiny", action="store_true", help="a 2-block h=256 Llama: a CPU smoke run")
+    ap.add_argument("--out-dir", type=Path, default=None)
+    args = ap.parse_args()
+    name = "tiny-llama" if args.tiny else "llama2-7b-block"
+    model = {"name": f"{name}-x{args.layers}", **(TINY if args.tiny else LLAMA2_7B_BLOCK)}
+    model["n_layers"] = args.layers
+    env = {**os.environ}
+    env.setdefault(
+        "TORCH_EXTENSIONS_DIR", str(Path(__file__).resolve().parents[1] / ".venv" / "torch_extensions")
+    )
+    with tempfile.TemporaryDirectory(prefix="dstk-hf-step-") as d:
+        tmp = Path(d)
+        model_file = tmp / "model.yaml"
+        model_file.write_text(yaml.safe_dump(model))
+        if args.ranks is None:
+            from toolkit.plan.local import detect
+
+            args.ranks = detect().cluster["gpus_per_node"]
+        ranks = ["--nodes", "1", "--gpus-per-node", str(args.ranks)]
+        layout = [
+            "--zero-stage", "1", "--precision", "bf16", "--recompute", "none",
+            "--micro-batch", str(args.micro_batch), "--global-batch", str(args.micro_batch * args.ranks),
+        ]  # fmt: skip
+        job = ["--model", str(model_file), "--cluster", args.cluster, *ranks, *layout]
+        predicted = json.loads(dstk("estimate", *job, "--json", env=env).stdout)
+        data = prepare_data(tmp, model, 1000)
+        cfg = tmp / "ds_config.json"
+        dstk("config", *job, "--train-steps", str(args.steps), "--warmup-steps", "2", "-o", str(cfg), env=env)
+        dstk(
+            "launch", "--cluster", args.cluster, *ranks, "--config", str(cfg), "--run-dir", str(tmp / "launch"),
+            "--master-port", str(free_port()), "--",
+            "--model", str(model_file), "--data", str(data), "--steps", str(args.steps),
+            "--run-dir", str(tmp / "run"), "--log-every", "5", "--no-progress",
+            env=env,
+        )  # fmt: skip
+        summary = json.loads((tmp / "run" / "summary.json").read_text())
+    step_s, pred_s = summary["step_time_s"], predicted["step_time_s"]
+    mfu = predicted["mfu"] * pred_s / step_s
+    record = {
+        "command": command_line(),
+        "model": model,
+        "cluster": args.cluster,
+        "accelerator": summary["accelerator"],
+        "ranks": args.ranks,
+        "predicted": {k: predicted[k] for k in ("step_time_s", "mfu", "step_time_breakdown_s")},
+        "predicted_memory_bytes": predicted["memory_per_gpu_bytes"]["total"],
+        "measured_step_time_s": step_s,
+        "measured_step_times_s": summary["step_times_s"],
+        "measured_mfu": mfu,
+        "peak_memory_bytes": summary["peak_memory_bytes"],
+        "losses": summary["losses"],
+    }
+    paths = output_paths("hf_step", args.out_dir)
+    write_record(paths["json"], record)
+    peak = max(summary["peak_memory_bytes"])
+    lines = [
+        f"# {model['name']} (seq {model['seq_length']}) through dstk train on {args.ranks} × "
+        f"{summary['accelerator']}, against `--cluster {args.cluster}`",
+        "",
+        f"Command: `{record['command']}`",
+        "",
+        "| | measured | predicted | measured / predicted |",
+        "|---|---|---|---|",
+        f"| step time (s, median after warm-up) | {step_s:.4f} | {pred_s:.4f} | {step_s / pred_s:.2f} |",
+        f"| MFU | {mfu:.3f} | {predicted['mfu']:.3f} | {mfu / predicted['mfu']:.2f} |",
+        f"| peak memory per rank (GB) | {peak / 1e9:.2f} | {record['predicted_memory_bytes'] / 1e9:.2f} | "
+        f"{peak / record['predicted_memory_bytes']:.2f} |",
+        "",
+        "Every step (s): " + ", ".join(f"{t:.3f}" for t in summary["step_times_s"]),
+        "",
+        "Predicted breakdown (s): "
+        + ", ".join(f"{k} {v:.4f}" for k, v in predicted["step_time_breakdown_s"].items() if v),
+    ]
+    paths["md"].write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
