@@ -8,10 +8,12 @@ parameters, so ZeRO-1 with Adam fits one 80 GB GPU) at 2048 tokens; ZeRO-1, bf16
 recomputation, one rank per accelerator. `--cluster` defaults to `local`, which on a GPU node that has not
 been calibrated uses the GPU table's published peaks: the prediction a user gets before measuring anything.
 `--tiny` shrinks the model to a CPU smoke run. Every step's time is printed: a time that drifts over the run
-is a finding of its own. Writes JSON and Markdown to benchmarks/results/.
+is a finding of its own. `--profile` also turns on DeepSpeed's `wall_clock_breakdown` (forward, backward and
+step milliseconds, synchronized, every 5 steps) and its FLOPs profiler (per-module latency at step 10) and keeps
+their lines: where the time goes, from one run. Writes JSON and Markdown to benchmarks/results/.
 
 Usage: python benchmarks/hf_step.py [--layers N] [--micro-batch N] [--steps N] [--ranks N] [--cluster C]
-                                    [--tiny] [--out-dir DIR]
+                                    [--tiny] [--profile] [--out-dir DIR]
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ def main() -> None:
     )
     ap.add_argument("--cluster", default="local")
     ap.add_argument("--tiny", action="store_true", help="a 2-block h=256 Llama: a CPU smoke run")
+    ap.add_argument(
+        "--profile", action="store_true", help="DeepSpeed's wall-clock breakdown and FLOPs profiler"
+    )
     ap.add_argument("--out-dir", type=Path, default=None)
     args = ap.parse_args()
     name = "tiny-llama" if args.tiny else "llama2-7b-block"
@@ -75,8 +80,24 @@ def main() -> None:
         predicted = json.loads(dstk("estimate", *job, "--json", env=env).stdout)
         data = prepare_data(tmp, model, 1000)
         cfg = tmp / "ds_config.json"
-        dstk("config", *job, "--train-steps", str(args.steps), "--warmup-steps", "2", "-o", str(cfg), env=env)
+        extra = ["--flops-profiler"] if args.profile else []
         dstk(
+            "config",
+            *job,
+            "--train-steps",
+            str(args.steps),
+            "--warmup-steps",
+            "2",
+            *extra,
+            "-o",
+            str(cfg),
+            env=env,
+        )
+        if args.profile:  # DeepSpeed's own timers, synchronized, printed every steps_per_print
+            config = json.loads(cfg.read_text())
+            config.update(wall_clock_breakdown=True, steps_per_print=5)
+            cfg.write_text(json.dumps(config, indent=2))
+        launched = dstk(
             "launch", "--cluster", args.cluster, *ranks, "--config", str(cfg), "--run-dir", str(tmp / "launch"),
             "--master-port", str(free_port()), "--",
             "--model", str(model_file), "--data", str(data), "--steps", str(args.steps),
@@ -84,6 +105,10 @@ def main() -> None:
             env=env,
         )  # fmt: skip
         summary = json.loads((tmp / "run" / "summary.json").read_text())
+    log = (launched.stdout + launched.stderr).splitlines()
+    profile = [
+        line for line in log if "time (ms)" in line or "fwd latency" in line or "Flops Profiler" in line
+    ]
     step_s, pred_s = summary["step_time_s"], predicted["step_time_s"]
     mfu = predicted["mfu"] * pred_s / step_s
     record = {
@@ -99,6 +124,7 @@ def main() -> None:
         "measured_mfu": mfu,
         "peak_memory_bytes": summary["peak_memory_bytes"],
         "losses": summary["losses"],
+        "profile": profile,
     }
     paths = output_paths("hf_step", args.out_dir)
     write_record(paths["json"], record)
@@ -120,6 +146,7 @@ def main() -> None:
         "",
         "Predicted breakdown (s): "
         + ", ".join(f"{k} {v:.4f}" for k, v in predicted["step_time_breakdown_s"].items() if v),
+        *(["", "DeepSpeed's timers (`--profile`):", "", "```", *profile[-12:], "```"] if profile else []),
     ]
     paths["md"].write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
