@@ -28,6 +28,13 @@ TRAINING_SHAPES = ((2048, 768, 3072), (2048, 3072, 768), (1024, 512, 1536), (409
 """(m, k, n) of GEMMs a small-to-medium transformer runs (tokens × hidden → 3·hidden or 4·hidden), at the
 scale of `LARGE_SIDE`; shrunk with it where the dtype is slow (`_sizes`)."""
 LARGE_SIDE = 2048
+ACCELERATOR_LARGE_SIDE = 16384
+"""On a GPU a 2048³ product is over in tens of microseconds, far from the peak: on an H200 it ran at 309
+TFLOP/s bf16 where 8192³ reaches ~790, so a calibration capped at 2048 wrote a peak 2.5× too low (2026-12-04)."""
+ACCELERATOR_TRAINING_SHAPES = tuple((4 * m, 4 * k, 4 * n) for m, k, n in TRAINING_SHAPES)
+"""On a GPU the CPU's training shapes are launch-bound (a 2048×768×3072 forward and backward: 46 TFLOP/s on
+the H200, 0.18 of its 2048³ product) and would price a 7B model's GEMMs at a kernel's issue time, which the
+cost model counts apart (`kernel_launch_us`). Four times larger, they are a 1–7B model's GEMMs at 8k tokens."""
 PROBE_SECONDS = 0.02
 """Time one probe GEMM should take at least: the large GEMM's side doubles from 128 until one product takes
 this long (or reaches `LARGE_SIDE`), so a dtype that is emulated (bf16 on an AVX2-only CPU: 0.8 vs 60 GFLOP/s
@@ -35,7 +42,7 @@ in fp32) is measured on small shapes in seconds, not minutes, and the training-s
 with it, stay within the time box on a CPU (fp32 stops at 1024³, 20–40 ms, on the 2-core hosts)."""
 
 
-def _large_side(dtype: Any, device: Any, sync: Any) -> int:
+def _large_side(dtype: Any, device: Any, sync: Any, limit: int = LARGE_SIDE) -> int:
     """The side of the large GEMM probe: doubled from 128 while one product takes under `PROBE_SECONDS`.
 
     Sized by time, not from a rate measured on one small product: with two ranks of 8 OpenMP threads on the 16
@@ -47,12 +54,12 @@ def _large_side(dtype: Any, device: Any, sync: Any) -> int:
     import torch
 
     side = 128
-    while side < LARGE_SIDE:
+    while side < limit:
         a = torch.randn(side, side, dtype=dtype, device=device)
         if timeit(lambda a=a: a @ a, 3, sync) >= PROBE_SECONDS:
             break
         side *= 2
-    return min(side, LARGE_SIDE)
+    return min(side, limit)
 
 
 def _sizes(side: int) -> tuple[tuple[int, int, int], tuple[tuple[int, int, int], ...]]:
@@ -258,8 +265,13 @@ def _worker(rank: int, world: int, port: int, nvme: str | None, queue: Any) -> N
         dtypes["fp16"] = torch.float16
     dist.barrier()
     result["large_tflops"], result["training_tflops"], result["shapes"] = {}, {}, {}
+    on_cpu = accel.device_name() == "cpu"
     for p, dt in dtypes.items():
-        large, shapes = _sizes(_large_side(dt, device, sync))
+        if on_cpu:
+            large, shapes = _sizes(_large_side(dt, device, sync))
+        else:
+            side = _large_side(dt, device, sync, ACCELERATOR_LARGE_SIDE)
+            large, shapes = (side, side, side), ACCELERATOR_TRAINING_SHAPES
         rate = _matmul_tflops(dt, large, device, sync)
         result["shapes"][p] = large[0]
         result["large_tflops"][p] = rate
