@@ -6,7 +6,8 @@ the fp32 loss) holds on a GPU, where `dstk plan` predicts ~60 % MFU for Llama-2-
 Llama-2-7B's block (h 4096, 32 heads, MLP 11008, vocabulary 32000) with `--layers` blocks (4: 1.07B
 parameters, so ZeRO-1 with Adam fits one 80 GB GPU) at 2048 tokens; ZeRO-1, bf16, micro-batch 4, no
 recomputation, one rank per accelerator. `--cluster` defaults to `local`, which on a GPU node that has not
-been calibrated uses the GPU table's published peaks: the prediction a user gets before measuring anything.
+been calibrated uses the GPU table's published peaks: the prediction a user gets before measuring anything
+(run `dstk calibrate` first, and `local` predicts from this machine's measurements instead).
 `--tiny` shrinks the model to a CPU smoke run. Every step's time is printed: a time that drifts over the run
 is a finding of its own. `--profile` also turns on DeepSpeed's `wall_clock_breakdown` (forward, backward and
 step milliseconds, synchronized, every 5 steps) and its FLOPs profiler (per-module latency at step 10) and keeps
