@@ -26,7 +26,7 @@ from toolkit.run.calibrate_engine import engine_probe, optimizer_probe, timeit
 
 TRAINING_SHAPES = ((2048, 768, 3072), (2048, 3072, 768), (1024, 512, 1536), (4096, 1024, 1024))
 """(m, k, n) of GEMMs a small-to-medium transformer runs (tokens × hidden → 3·hidden or 4·hidden), at the
-scale of `LARGE_SIDE`; shrunk with it where the dtype is slow (`_sizes`)."""
+scale of `LARGE_SIDE`; on a CPU shrunk with the large probe where the dtype is slow (`_sizes`)."""
 LARGE_SIDE = 2048
 ACCELERATOR_LARGE_SIDE = 16384
 """On a GPU a 2048³ product is over in tens of microseconds, far from the peak: on an H200 it ran at 309
@@ -272,9 +272,8 @@ def _worker(rank: int, world: int, port: int, nvme: str | None, queue: Any) -> N
         else:
             side = _large_side(dt, device, sync, ACCELERATOR_LARGE_SIDE)
             large, shapes = (side, side, side), ACCELERATOR_TRAINING_SHAPES
-        rate = _matmul_tflops(dt, large, device, sync)
         result["shapes"][p] = large[0]
-        result["large_tflops"][p] = rate
+        result["large_tflops"][p] = _matmul_tflops(dt, large, device, sync)
         result["training_tflops"][p] = statistics.median(
             _linear_train_tflops(dt, s, device, sync) for s in shapes
         )
