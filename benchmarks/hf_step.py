@@ -4,8 +4,8 @@ time beside `dstk estimate`'s prediction for the same layout.
 The question it answers is whether the HF target's per-layer pricing (eager RMSNorm and rotary, SwiGLU, SDPA,
 the fp32 loss) holds on a GPU, where `dstk plan` predicts ~60 % MFU for Llama-2-7B. The default model is
 Llama-2-7B's block (h 4096, 32 heads, MLP 11008, vocabulary 32000) with `--layers` blocks (4: 1.07B
-parameters, so ZeRO-1 with Adam fits one 80 GB GPU) at 2048 tokens; ZeRO-1, bf16, micro-batch 4, no
-recomputation, one rank per accelerator. `--cluster` defaults to `local`, which on a GPU node that has not
+parameters, so ZeRO-1 with Adam fits one 80 GB GPU) at 2048 tokens; ZeRO-1, micro-batch 4, no recomputation,
+the precision the cluster computes fastest (bf16 on a GPU), one rank per accelerator. `--cluster` defaults to `local`, which on a GPU node that has not
 been calibrated uses the GPU table's published peaks: the prediction a user gets before measuring anything
 (run `dstk calibrate` first, and `local` predicts from this machine's measurements instead).
 `--tiny` shrinks the model to a CPU smoke run. Every step's time is printed: a time that drifts over the run
@@ -14,7 +14,7 @@ step milliseconds, synchronized, every 5 steps) and its FLOPs profiler (per-modu
 their lines: where the time goes, from one run. Writes JSON and Markdown to benchmarks/results/.
 
 Usage: python benchmarks/hf_step.py [--layers N] [--micro-batch N] [--steps N] [--ranks N] [--cluster C]
-                                    [--tiny] [--profile] [--out-dir DIR]
+                                    [--precision P] [--tiny] [--profile] [--out-dir DIR]
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ LLAMA2_7B_BLOCK = {
     "vocab_size": 32000,
     "seq_length": 2048,
 }
-TINY = {**LLAMA2_7B_BLOCK, "hidden_size": 256, "n_heads": 4, "ffn_hidden_size": 688, "seq_length": 256}
+TINY = {"architecture": "llama", "hidden_size": 256, "n_heads": 4, "ffn_hidden_size": 688, "vocab_size": 4096}
+TINY["seq_length"] = 256
 
 
 def main() -> None:
@@ -51,6 +52,9 @@ def main() -> None:
         "--ranks", type=int, default=None, help="ranks on this node (default: as --cluster local)"
     )
     ap.add_argument("--cluster", default="local")
+    ap.add_argument(
+        "--precision", default=None, help="default: what --cluster computes fastest (bf16 on a GPU)"
+    )
     ap.add_argument("--tiny", action="store_true", help="a 2-block h=256 Llama: a CPU smoke run")
     ap.add_argument(
         "--profile", action="store_true", help="DeepSpeed's wall-clock breakdown and FLOPs profiler"
@@ -72,9 +76,14 @@ def main() -> None:
             from toolkit.plan.local import detect
 
             args.ranks = detect().cluster["gpus_per_node"]
+        if args.precision is None:  # never bf16 where it is emulated (an AVX2-only CPU: ~75x slower)
+            from toolkit.plan.layout import default_precision
+            from toolkit.plan.load import load_cluster
+
+            args.precision = default_precision(load_cluster(args.cluster))
         ranks = ["--nodes", "1", "--gpus-per-node", str(args.ranks)]
         layout = [
-            "--zero-stage", "1", "--precision", "bf16", "--recompute", "none",
+            "--zero-stage", "1", "--precision", args.precision, "--recompute", "none",
             "--micro-batch", str(args.micro_batch), "--global-batch", str(args.micro_batch * args.ranks),
         ]  # fmt: skip
         job = ["--model", str(model_file), "--cluster", args.cluster, *ranks, *layout]
@@ -118,6 +127,7 @@ def main() -> None:
         "cluster": args.cluster,
         "accelerator": summary["accelerator"],
         "ranks": args.ranks,
+        "precision": args.precision,
         "predicted": {k: predicted[k] for k in ("step_time_s", "mfu", "step_time_breakdown_s")},
         "predicted_memory_bytes": predicted["memory_per_gpu_bytes"]["total"],
         "measured_step_time_s": step_s,

@@ -1,5 +1,5 @@
-"""CI smoke runs of the pipeline-bubble, dense-vs-MoE and step-memory benchmarks: `--quick` end to end on 2
-ranks.
+"""CI smoke runs of the pipeline-bubble, dense-vs-MoE and step-memory benchmarks (`--quick`) and of the HF-step
+benchmark (`--tiny`), end to end on 2 ranks.
 
 Speed and memory targets live in the benchmarks' output (benchmarks/results/), not here: these check that each
 run completes, writes every column, and puts a real measurement beside a real prediction in every row — plus
@@ -122,3 +122,25 @@ def test_step_memory_quick_measures_each_phase_beside_its_prediction(tmp_path) -
     assert float(rows[3]["shard_params"]) == float(rows[0]["shard_params"]) / 2
     allreduce = json.loads((tmp_path / "step_memory_quick.json").read_text())["allreduce_bus_gb_per_s"]
     assert set(allreduce) == {"bfloat16", "float32"} and all(v > 0 for v in allreduce.values())
+
+
+def test_hf_step_tiny_puts_every_step_beside_the_prediction(tmp_path) -> None:
+    """`benchmarks/hf_step.py`, the GPU check of the HF target's pricing, as a CPU smoke run (`--tiny`) with
+    `--profile`: it completes, and the record holds every step's time, the prediction of the same layout and
+    DeepSpeed's own synchronized timers."""
+    # fp32: no test depends on the host having native bf16
+    args = ["--tiny", "--layers", "2", "--steps", "5", "--precision", "fp32", "--profile"]
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/hf_step.py", *args, "--out-dir", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    record = json.loads((tmp_path / "hf_step.json").read_text())
+    assert record["accelerator"] == "cpu" and record["ranks"] == 2 and record["precision"] == "fp32"
+    assert len(record["measured_step_times_s"]) == 5 and record["measured_step_time_s"] > 0
+    assert record["predicted"]["step_time_s"] > 0 and 0 < record["measured_mfu"] < 1
+    assert any("time (ms) | fwd" in line for line in record["profile"])
+    assert "| step time" in (tmp_path / "hf_step.md").read_text()
