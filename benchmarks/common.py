@@ -162,13 +162,19 @@ def train(
     env: dict[str, str],
     config_extra: tuple[str, ...] = (),
     train_extra: tuple[str, ...] = (),
+    ranks: int = 2,
+    comms_logger: bool = True,
+    config_update: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """`dstk config` + `dstk launch` (→ `dstk train`) of one layout on 1 node × 2 ranks; its summary.json.
+    """`dstk config` + `dstk launch` (→ `dstk train`) of one layout on 1 node × `ranks` ranks; its summary.json.
+    The launch's output is kept in `run`/launch.log.
 
-    The schedule is sized to the run (`--train-steps`, one warm-up step) and the comms logger is on, so the
-    summary's `comm_bytes_per_step` is DeepSpeed's own count of the bytes passed to collectives.
+    The schedule is sized to the run (`--train-steps`, one warm-up step) and the comms logger is on unless
+    `comms_logger` is false (it synchronizes around every collective), so the summary's `comm_bytes_per_step`
+    is DeepSpeed's own count of the bytes passed to collectives. `config_update` sets DeepSpeed keys that
+    `dstk config` has no flag for, in the written config.
     """
-    ranks = ["--nodes", "1", "--gpus-per-node", "2"]
+    nodes = ["--nodes", "1", "--gpus-per-node", str(ranks)]
     cfg = run / "ds_config.json"
     dstk(
         "config",
@@ -176,22 +182,24 @@ def train(
         str(model_file),
         "--cluster",
         cluster,
-        *ranks,
+        *nodes,
         *layout,
         "--train-steps",
         str(steps),
-        "--comms-logger",
+        *(["--comms-logger"] if comms_logger else []),
         "--log-dir",
         str(run / "logs"),
         *config_extra,
         "-o",
         str(cfg),
     )
-    dstk(
+    if config_update:
+        cfg.write_text(json.dumps({**json.loads(cfg.read_text()), **config_update}, indent=2))
+    launched = dstk(
         "launch",
         "--cluster",
         cluster,
-        *ranks,
+        *nodes,
         "--config",
         str(cfg),
         "--run-dir",
@@ -213,4 +221,5 @@ def train(
         *train_extra,
         env=env,
     )
+    (run / "launch.log").write_text(launched.stdout + launched.stderr)
     return json.loads((run / "summary.json").read_text())

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -29,7 +28,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import command_line, dstk, free_port, output_paths, prepare_data, write_record
+from benchmarks.common import bench_env, command_line, dstk, output_paths, prepare_data, train, write_record
 
 LLAMA2_7B_BLOCK = {
     "architecture": "llama",
@@ -64,10 +63,7 @@ def main() -> None:
     name = "tiny-llama" if args.tiny else "llama2-7b-block"
     model = {"name": f"{name}-x{args.layers}", **(TINY if args.tiny else LLAMA2_7B_BLOCK)}
     model["n_layers"] = args.layers
-    env = {**os.environ}
-    env.setdefault(
-        "TORCH_EXTENSIONS_DIR", str(Path(__file__).resolve().parents[1] / ".venv" / "torch_extensions")
-    )
+    env = bench_env()
     with tempfile.TemporaryDirectory(prefix="dstk-hf-step-") as d:
         tmp = Path(d)
         model_file = tmp / "model.yaml"
@@ -81,41 +77,30 @@ def main() -> None:
             from toolkit.plan.load import load_cluster
 
             args.precision = default_precision(load_cluster(args.cluster))
-        ranks = ["--nodes", "1", "--gpus-per-node", str(args.ranks)]
         layout = [
             "--zero-stage", "1", "--precision", args.precision, "--recompute", "none",
             "--micro-batch", str(args.micro_batch), "--global-batch", str(args.micro_batch * args.ranks),
         ]  # fmt: skip
-        job = ["--model", str(model_file), "--cluster", args.cluster, *ranks, *layout]
+        job = ["--model", str(model_file), "--cluster", args.cluster, "--nodes", "1"]
+        job += ["--gpus-per-node", str(args.ranks), *layout]
         predicted = json.loads(dstk("estimate", *job, "--json", env=env).stdout)
         data = prepare_data(tmp, model, 1000)
-        cfg = tmp / "ds_config.json"
-        extra = ["--flops-profiler"] if args.profile else []
-        dstk(
-            "config",
-            *job,
-            "--train-steps",
-            str(args.steps),
-            "--warmup-steps",
-            "2",
-            *extra,
-            "-o",
-            str(cfg),
-            env=env,
+        # the comms logger synchronizes around every collective: off, so the step is timed as it runs;
+        # --profile: DeepSpeed's own timers (synchronized, every 5 steps) and its FLOPs profiler
+        summary = train(
+            tmp / "run",
+            model_file,
+            args.cluster,
+            data,
+            args.steps,
+            layout,
+            env,
+            config_extra=("--warmup-steps", "2", *(["--flops-profiler"] if args.profile else [])),
+            ranks=args.ranks,
+            comms_logger=False,
+            config_update={"wall_clock_breakdown": True, "steps_per_print": 5} if args.profile else None,
         )
-        if args.profile:  # DeepSpeed's own timers, synchronized, printed every steps_per_print
-            config = json.loads(cfg.read_text())
-            config.update(wall_clock_breakdown=True, steps_per_print=5)
-            cfg.write_text(json.dumps(config, indent=2))
-        launched = dstk(
-            "launch", "--cluster", args.cluster, *ranks, "--config", str(cfg), "--run-dir", str(tmp / "launch"),
-            "--master-port", str(free_port()), "--",
-            "--model", str(model_file), "--data", str(data), "--steps", str(args.steps),
-            "--run-dir", str(tmp / "run"), "--log-every", "5", "--no-progress",
-            env=env,
-        )  # fmt: skip
-        summary = json.loads((tmp / "run" / "summary.json").read_text())
-    log = (launched.stdout + launched.stderr).splitlines()
+        log = (tmp / "run" / "launch.log").read_text().splitlines()
     profile = [
         line for line in log if "time (ms)" in line or "fwd latency" in line or "Flops Profiler" in line
     ]
