@@ -82,11 +82,7 @@ def cluster_description(results: list[dict[str, Any]], name: str) -> dict[str, A
         # on a GPU what the device holds outside torch's pool (context, NCCL); on the CPU accelerator the
         # rank's RSS once torch, DeepSpeed and transformers are loaded
         "framework_overhead_gib": round(
-            max(
-                r["device_outside_gib"] if "device_outside_gib" in r else r["engine"]["rss_gib"]
-                for r in results
-            ),
-            3,
+            max(r.get("device_outside_gib", r["engine"]["rss_gib"]) for r in results), 3
         ),
         "step_overhead_ms": round(max(r["engine"]["step_s"] for r in results) * 1e3, 2),
     }

@@ -240,12 +240,13 @@ def _worker(rank: int, world: int, port: int, nvme: str | None, queue: Any) -> N
 
     accel = deepspeed.get_accelerator()
     accel.set_device(rank)
+    on_cpu = accel.device_name() == "cpu"
     from toolkit.plan.layout import fastest_precision
     from toolkit.run.metrics import device_memory_outside_allocator
     from toolkit.run.runtime import allow_heap_reuse
 
     allow_heap_reuse()  # measure the steady state `dstk train` reaches after its first two steps
-    if accel.device_name() == "cpu":
+    if on_cpu:
         # as `dstk launch` runs CPU ranks: the cores shared out, no oversubscribed OpenMP pools
         torch.set_num_threads(
             int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, (os.cpu_count() or 1) // world)
@@ -258,14 +259,13 @@ def _worker(rank: int, world: int, port: int, nvme: str | None, queue: Any) -> N
         "accelerator": accel.device_name(),
         # bf16 runs on every CPU (emulated where the ISA lacks it, which the rates show); on GPUs it needs
         # Ampere or newer
-        "supports_bf16": accel.device_name() == "cpu" or accel.is_bf16_supported(),
+        "supports_bf16": on_cpu or accel.is_bf16_supported(),
     }
     dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
-    if accel.device_name() != "cpu":
+    if not on_cpu:
         dtypes["fp16"] = torch.float16
     dist.barrier()
     result["large_tflops"], result["training_tflops"], result["shapes"] = {}, {}, {}
-    on_cpu = accel.device_name() == "cpu"
     for p, dt in dtypes.items():
         if on_cpu:
             large, shapes = _sizes(_large_side(dt, device, sync))
@@ -292,10 +292,10 @@ def _worker(rank: int, world: int, port: int, nvme: str | None, queue: Any) -> N
     result["op_us"] = _op_overhead_us(device, sync)
     dist.barrier()
     result["collectives"] = _collectives(device, sync, world, dtype) if world > 1 else {}
-    if accel.device_name() == "cpu":
+    if on_cpu:
         # on GPUs the step is HBM-bound kernels, which the analytic model prices; on the CPU it is not
         result["optimizer_ns_per_param"] = optimizer_probe(device, world, precision)
-    if accel.device_name() != "cpu":
+    if not on_cpu:
         host = torch.empty(1 << 26, dtype=torch.uint8).pin_memory()
         dev = torch.empty_like(host, device=device)
         result["pcie_gb_per_s"] = (
