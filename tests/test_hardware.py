@@ -125,7 +125,7 @@ def test_recorded_cpuinfo_gives_bf16_by_isa(name, native, precision) -> None:
 )
 def test_onednn_isa_cap_makes_a_native_bf16_host_emulate_it(cap, native) -> None:
     """ONEDNN_MAX_CPU_ISA below AVX512_CORE_BF16 is how a native-bf16 host reproduces an AVX2-only one
-    (measured: 206 → 1.0 GFLOP/s per core); detection plans what torch will then run, and a new fingerprint
+    (measured: 202 → 0.9 GFLOP/s per core); detection plans what torch will then run, and a new fingerprint
     keeps the host's uncapped calibration apart."""
     zen4 = (DATA / "cpuinfo_amd-epyc-zen4-host.txt").read_text()
     plain, capped = _detect(cpu=zen4), _detect(cpu=zen4, environ={"ONEDNN_MAX_CPU_ISA": cap})

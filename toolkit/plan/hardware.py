@@ -87,9 +87,10 @@ class CpuInfo:
 # oneDNN's ISA levels in the order `ONEDNN_MAX_CPU_ISA` caps them (oneDNN developer guide, "CPU dispatcher
 # control", enum dnnl_cpu_isa_t; the AVX512_CORE_FP16/AMX names are aliases of the AVX10_1 ones). torch's CPU
 # bf16 matmul runs through oneDNN, so a cap below AVX512_CORE_BF16 makes a native-bf16 host emulate bf16: on a
-# Zen 4 EPYC (avx512_bf16) one core's 1024² bf16 product fell from 206 to 1.0 GFLOP/s with
-# ONEDNN_MAX_CPU_ISA=AVX2, fp32 (MKL) unchanged at 88 — the rate of a real AVX2-only host (0.8). Measured
-# 2026-12-04; torch's own ATEN_CPU_CAPABILITY=avx2 leaves bf16 at 206 (it does not reach oneDNN).
+# Zen 4 EPYC (avx512_bf16) one core's 1024² bf16 product fell from 202 to 0.9 GFLOP/s with
+# ONEDNN_MAX_CPU_ISA=AVX2, fp32 (MKL) unchanged at 82–99 — the rate of a real AVX2-only host (0.8). Measured
+# 2026-12-04 with benchmarks/matmul_probe.py; torch's own ATEN_CPU_CAPABILITY=avx2 leaves bf16 at 209 (it does
+# not reach oneDNN).
 ONEDNN_ISA_LEVELS = (
     "SSE41",
     "AVX",
