@@ -131,7 +131,7 @@ def estimate_parts(model_file: Path, sp: int, recompute: str) -> dict[str, float
     est = json.loads(dstk("estimate", *flags, *LAYOUT, "--json").stdout)
     spec = load_model(str(model_file))
     # HF's SDPA: the estimate prices `none` as `selective` for the attention core (activations.py)
-    effective = attention_recompute(spec, recompute, fused_kernels=False)
+    effective = attention_recompute(recompute, flash=spec.family.sdpa)
     blocks = spec.n_layers * block_bytes(spec, 1, 4, 1, False, effective) / sp
     logits = logits_bytes(spec, 1, 4, 1) / sp
     total = est["memory_per_gpu_bytes"]["activations"]

@@ -13,6 +13,7 @@ from toolkit.plan.load import load_cluster, load_model
 from toolkit.plan.planner import plan
 from toolkit.plan.query import PlanQuery
 from toolkit.plan.rules import resolve_layout
+from toolkit.plan.specs import ModelSpec
 
 
 def _est(model, cluster, **layout):
@@ -52,15 +53,53 @@ def test_hf_eager_rmsnorm_and_rotary_cost_what_they_move() -> None:
     cluster = load_cluster("dgx-a100-80g")
     layout = {"zero_stage": 3, "micro_batch_size": 2, "global_batch_size": 256, "recompute": "selective"}
     eager = _est(llama, cluster, **layout)
-    fused = _est(llama, cluster, **layout, fused_kernels=True)
+    fused = _est(llama, cluster, **layout, fused_kernels=True, flash_attention=True)  # the same attention
     assert 1.05 < eager.time.compute_s / fused.time.compute_s < 1.25
-    assert _est(gpt2, cluster, **layout).mfu == _est(gpt2, cluster, **layout, fused_kernels=True).mfu
+    assert (
+        _est(gpt2, cluster, **layout).mfu
+        == _est(gpt2, cluster, **layout, fused_kernels=True, flash_attention=True).mfu
+    )
 
 
 def test_the_target_runtime_decides_the_kernels() -> None:
     model, cluster = load_model("llama-7b"), load_cluster("dgx-a100-80g")
     hf = plan(model, cluster, PlanQuery(global_batch_size=256))
     megatron = plan(model, cluster, PlanQuery(global_batch_size=256, scopes=("layout",)))
-    assert hf is not None and megatron is not None
+    flash = plan(model, cluster, PlanQuery(global_batch_size=256, scopes=("layout",), flash_attention=True))
+    assert hf is not None and megatron is not None and flash is not None
     assert not hf.best.layout.fused_kernels and megatron.best.layout.fused_kernels
-    assert hf.best.estimate.mfu < megatron.best.estimate.mfu
+    # HF runs SDPA; Megatron-DeepSpeed as dstk launches it runs CoreAttention unless told --use-flash-attn-v2
+    assert hf.best.layout.flash_attention and not megatron.best.layout.flash_attention
+    assert flash.best.layout.flash_attention and flash.best.layout.fused_kernels
+    assert hf.best.estimate.mfu < flash.best.estimate.mfu
+    assert megatron.best.estimate.mfu < flash.best.estimate.mfu
+
+
+def test_materialized_attention_costs_its_scores_whatever_the_recomputation() -> None:
+    """Megatron's CoreAttention writes the b·a·s² scores, softmaxes and drops them out through HBM: a cost
+    that scales with a·s per token against the GEMMs' h, so it matters for small models and not for large
+    ones (Narayanan et al.'s 1.7B and 175B, full recomputation as they trained), and recomputing the
+    attention core (selective) repeats it rather than removing it — only fused attention removes it."""
+    cluster = load_cluster("dgx-a100-80g")
+    shape = dict(architecture="gpt2", activation="gelu", vocab_size=51200, seq_length=2048)
+    small = ModelSpec(name="1.7b", n_layers=24, hidden_size=2304, n_heads=24, **shape)
+    large = load_model("gpt3-175b")
+    ratios = {}
+    for name, model in (("small", small), ("large", large)):
+        kept = {}
+        for recompute in ("none", "selective", "full"):
+            layout = {
+                "micro_batch_size": 1,
+                "global_batch_size": 8,
+                "recompute": recompute,
+                "fused_kernels": True,
+            }
+            core = _est(model, cluster, **layout, flash_attention=False)
+            fused = _est(model, cluster, **layout, flash_attention=True)
+            ratios[name, recompute] = core.time.compute_s / fused.time.compute_s
+            kept[recompute] = core.memory.activations - fused.memory.activations
+        # memory: every block keeps its scores at `none`, none at `selective`, the one block being rebuilt at `full`
+        assert kept["selective"] == 0 and kept["full"] == pytest.approx(kept["none"] / model.n_layers)
+    assert all(r > 1.25 for (name, _), r in ratios.items() if name == "small")
+    assert all(1.0 < r < 1.08 for (name, _), r in ratios.items() if name == "large")
+    assert ratios["small", "selective"] > ratios["small", "none"]  # the core runs twice

@@ -383,6 +383,7 @@ MEGATRON_CASES = {
     "llama-70b-gqa-selective-zero1": [
         "--model", "llama-70b", "--cluster", "dgx-h100", "--nodes", "8", "--tp", "8", "--pp", "4",
         "--zero-stage", "1", "--micro-batch", "1", "--global-batch", "256", "--recompute", "selective",
+        "--flash-attention",
     ],
     "llama-7b-ulysses-zero3-offload": [
         "--model", "llama-7b", "--cluster", "dgx-a100-40g", "--nodes", "2", "--tp", "2", "--sp", "2",
@@ -452,6 +453,8 @@ def test_megatron_arguments_are_verified_flags_with_the_plans_values(tmp_path, c
     assert ns.ffn_hidden_size == model.ffn_hidden_size and ns.seq_length == model.seq_length
     assert (ns.num_key_value_heads or model.n_heads) == model.n_kv_heads
     assert ns.swiglu is bool(model.gated_mlp)
+    # CoreAttention unless the plan prices FlashAttention-2
+    assert ns.use_flash_attn_v2 is layout["flash_attention"] is ("--flash-attention" in flags)
     if model.is_moe:
         assert (ns.num_experts, ns.topk, ns.moe_expert_parallel_size) == (
             [model.num_experts],

@@ -137,6 +137,14 @@ RULE_CASES = [
         dict(tp=2, tp_sequence_parallel=True),
         r"use --target megatron",
     ),
+    (
+        "hf_attention_is_the_runtime",
+        "bloom-176b",
+        "dgx-a100-80g",
+        {},
+        dict(flash_attention=True),
+        r"^--flash-attention: HF bloom models .* run eager attention .*--target megatron$",
+    ),
     ("lora_targets_exist", "gpt2", "dgx-a100-80g", {}, dict(lora="r=8,targets=q_proj"), r"valid: c_attn"),
     ("lora_is_data_parallel", "llama-7b", "dgx-a100-80g", {}, dict(lora="r=8", tp=2), r"data parallelism"),
 ]

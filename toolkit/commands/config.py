@@ -247,6 +247,10 @@ def run(args: argparse.Namespace) -> int:
     _check_targets(args)
     if args.megatron:
         _megatron_defaults(args)
+    if args.target == "megatron" and not args.plan and args.fused_kernels is None:
+        args.fused_kernels = (
+            True  # Megatron's fused kernels (and CoreAttention), as the planner assumes there
+        )
     model, cluster = model_from_args(args), cluster_from_args(args)
     _check_inputs(args, model, cluster)
     layout = _layout(args, model, cluster)

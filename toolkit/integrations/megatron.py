@@ -10,7 +10,7 @@ bb4ac1c predates `--sequence-parallel`, `--ds-sequence-parallel-size`, `--num-ke
 (`tests/data/megatron_deepspeed_flags.txt` lists them with their arity; a test parses every emitted list):
   network size: --num-layers --hidden-size --ffn-hidden-size --num-attention-heads --num-key-value-heads
     --kv-channels --max-position-embeddings --normalization --use-rotary-position-embeddings
-    --no-position-embedding --swiglu --untie-embeddings-and-output-weights
+    --no-position-embedding --swiglu --untie-embeddings-and-output-weights --use-flash-attn-v2
   MoE: --num-experts --topk --expert-interval --moe-expert-parallel-size --moe-train-capacity-factor
     --moe-loss-coeff --create-moe-param-group
   regularization: --attention-dropout --hidden-dropout --weight-decay --clip-grad --adam-beta1 --adam-beta2
@@ -182,6 +182,8 @@ def _model_args(model: ModelSpec, layout: Layout) -> list[str]:
         args.append("--untie-embeddings-and-output-weights")
     dropout = "0.1" if model.dropout else "0.0"  # HF GPT-2's 0.1; Llama-family models have none
     args += ["--attention-dropout", dropout, "--hidden-dropout", dropout]
+    if layout.flash_attention:
+        args.append("--use-flash-attn-v2")  # needs the flash-attn package; CoreAttention otherwise
     if model.is_moe:
         from toolkit.plan.specs import DEFAULT_AUX_LOSS_COEF
 

@@ -50,6 +50,7 @@ LAYOUT_FLAGS: dict[str, str] = {
     "tp_vocab_parallel": "--tp-vocab-parallel",
     "zeropp": "--zeropp",
     "fused_kernels": "--fused-kernels",
+    "flash_attention": "--flash-attention",
     "lora": "--lora",
 }
 
@@ -103,6 +104,11 @@ class LayoutRequest(BaseModel):
     Megatron-LM / Megatron-DeepSpeed and vendor training stacks do; off: HF modules in eager mode, as `dstk
     train` runs them (RMSNorm upcast to fp32 in seven kernels, rotary in five per tensor), which the cost model
     then prices op by op."""
+    flash_attention: bool | None = None
+    """Fused attention that never stores the a·s² scores (FlashAttention, SDPA's fused kernels). Default:
+    what the runtime runs — HF modules in the DeepSpeed engine use SDPA wherever the family has it (on),
+    Megatron-DeepSpeed's CoreAttention materializes the scores (off; on adds `--use-flash-attn-v2` to its
+    launch). Off, the cost model prices the scores' HBM traffic and keeps them for backward."""
     lora: str | None = None
     """LoRA fine-tuning, e.g. `r=16,alpha=32[,dropout=0.05][,targets=q_proj+v_proj]`: adapters train, the
     base weights are frozen (no gradients or optimizer states for them); see toolkit/plan/lora.py."""

@@ -19,6 +19,7 @@ from typing import Any
 from toolkit.errors import UserError
 from toolkit.plan import recipes
 from toolkit.plan.checkpoint_interval import CheckpointPlan, checkpoint_lines, plan_for
+from toolkit.plan.cost.activations import runtime_flash_attention
 from toolkit.plan.cost.estimate import (
     Estimate,
     estimate,
@@ -153,6 +154,7 @@ class _Search:
         # DeepSpeed engine run eager
         megatron = "deepspeed" not in self.scopes
         fused = megatron if q.fused_kernels is None else q.fused_kernels
+        flash = runtime_flash_attention(self.model, q.flash_attention, fused)
         for tp, pp, sp, ep in self.shapes():
             dp = data_parallel_size(c.world_size, tp, pp, sp)
             if self.global_batch % dp:
@@ -186,6 +188,7 @@ class _Search:
                                 lora=q.lora,
                                 zeropp=zeropp,
                                 fused_kernels=fused,
+                                flash_attention=flash,
                             )
                             self._walk_micro(base, dp, micros)
 

@@ -58,6 +58,8 @@ class PlanQuery(BaseModel):
     lora: str | None = None
     fused_kernels: bool | None = None
     """None: fused for Megatron-DeepSpeed plans, eager HF modules for the DeepSpeed engine."""
+    flash_attention: bool | None = None
+    """None: what the runtime runs (`toolkit.plan.cost.activations.flash_attention`)."""
     tp_sequence_parallel: bool | None = None
     tp_vocab_parallel: bool | None = None
     global_batch_size: int | None = Field(default=None, gt=0)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from toolkit.errors import UserError
 from toolkit.plan.architectures import supporting
+from toolkit.plan.cost.activations import runtime_flash_attention
 from toolkit.plan.layout import Layout, LayoutRequest, batch_arithmetic, data_parallel_size, default_precision
 from toolkit.plan.specs import ClusterSpec, ModelSpec
 
@@ -286,6 +287,22 @@ def _tp_sp_needs_megatron(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: in
     return None
 
 
+def _hf_attention_is_the_runtime(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """dstk's DeepSpeed run path builds HF models with SDPA wherever transformers has it for the family and
+    eager attention otherwise (`ModelFamily.attention_implementation`); `--flash-attention` cannot change that."""
+    if r.flash_attention is None or r.flash_attention == m.family.sdpa:
+        return None
+    runs = (
+        "SDPA's fused attention"
+        if m.family.sdpa
+        else "eager attention (transformers has no SDPA path for it)"
+    )
+    return (
+        f"--{'' if r.flash_attention else 'no-'}flash-attention: HF {m.architecture} models in the DeepSpeed engine "
+        f"run {runs}; the flag applies to --target megatron"
+    )
+
+
 RULES: tuple[Rule, ...] = (
     Rule("tp_divides_heads", _tp_divides_heads),
     Rule("pp_le_layers", _pp_le_layers),
@@ -308,6 +325,7 @@ RULES: tuple[Rule, ...] = (
     Rule("hf_pipeline_is_data_parallel_only", _pipeline_with_tp, scope="deepspeed"),
     Rule("native_moe_needs_zero_le_2", _native_moe_zero3, scope="deepspeed"),
     Rule("tp_sequence_parallel_needs_megatron", _tp_sp_needs_megatron, scope="deepspeed"),
+    Rule("hf_attention_is_the_runtime", _hf_attention_is_the_runtime, scope="deepspeed"),
     Rule("lora_targets_exist", _lora_targets),
     Rule("lora_is_data_parallel", _lora_data_parallel, scope="deepspeed"),
     Rule("sp_supports_architecture", _cluster_free(_sp_architecture), scope="deepspeed"),
@@ -365,6 +383,7 @@ def resolve_layout(
     )
     fields = request.model_dump()
     fields.update(
+        flash_attention=runtime_flash_attention(model, request.flash_attention, request.fused_kernels),
         precision=request.precision or default_precision(cluster),
         dp=dp,
         world_size=world,

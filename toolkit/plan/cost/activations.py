@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from toolkit.plan.layout import LayoutRequest
 from toolkit.plan.specs import ModelSpec
 
 MASK_BYTES = 1  # dropout masks are stored as bytes (Korthikanti et al., §4.1)
@@ -85,16 +86,27 @@ def block_terms(model: ModelSpec, tokens: int, act_bytes: int, moe: bool) -> Act
     )
 
 
-def attention_recompute(model: ModelSpec, recompute: str, fused_kernels: bool) -> str:
-    """The recomputation the attention core effectively gets. HF modules in the DeepSpeed engine
-    (`fused_kernels` off) run SDPA wherever the family has it, and SDPA's fused kernels keep q, k, v, the
-    output and a log-sum-exp, never the a·s² scores — on CUDA and on the CPU alike (measured: an HF GPT-2
-    block saves the `selective` figure, tests/test_estimate.py; a Llama at 2048 tokens saves 1.13× it against
-    6× at `none`, benchmarks/sequence_parallel.py). So `none` behaves as `selective` there; Megatron's core
-    attention (`fused_kernels` on) and eager attention (BLOOM) do store the scores."""
-    if recompute == "none" and not fused_kernels and model.family.sdpa:
-        return "selective"
-    return recompute
+def flash_attention(model: ModelSpec, layout: LayoutRequest) -> bool:
+    """Whether the attention core runs fused, never storing the a·s² scores: the layout's `flash_attention`,
+    else what the runtime runs. HF modules in the DeepSpeed engine (`fused_kernels` off) run SDPA wherever the
+    family has it, and SDPA's fused kernels keep q, k, v, the output and a log-sum-exp — on CUDA and on the
+    CPU alike (measured: an HF GPT-2 block saves the `selective` figure, tests/test_estimate.py; a Llama at 2048
+    tokens saves 1.13× it against 6× at `none`, benchmarks/sequence_parallel.py). Megatron-DeepSpeed's
+    CoreAttention (`fused_kernels` on, no `--use-flash-attn-v2`) and eager attention (BLOOM) store them."""
+    return runtime_flash_attention(model, layout.flash_attention, layout.fused_kernels)
+
+
+def runtime_flash_attention(model: ModelSpec, flash_attention: bool | None, fused_kernels: bool) -> bool:
+    """`flash_attention` when given, else the runtime's own: SDPA for HF modules where the family has it."""
+    if flash_attention is not None:
+        return flash_attention
+    return not fused_kernels and model.family.sdpa
+
+
+def attention_recompute(recompute: str, flash: bool) -> str:
+    """The recomputation the attention core effectively gets: fused attention rebuilds its scores in backward
+    by construction, so `none` behaves as `selective` there."""
+    return "selective" if recompute == "none" and flash else recompute
 
 
 def block_bytes(

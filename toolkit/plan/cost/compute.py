@@ -4,7 +4,8 @@ GEMMs run at `gpu_matmul_efficiency` of peak unless their arithmetic intensity p
 roofline (Williams et al. 2009): time = max(FLOPs / (peak · eff), bytes / HBM bandwidth). Norms, activations,
 residual adds and the softmax are memory-bound: their time is the bytes they read and write over the HBM
 bandwidth (forward one pass, backward about two), counted op by op as the HF modules run them (GPT-2's
-`gelu_new` is eight elementwise kernels). Fused attention runs at its own `attention_efficiency`.
+`gelu_new` is eight elementwise kernels). Fused attention runs at its own `attention_efficiency`; attention
+that materializes its scores (Megatron's CoreAttention, eager attention) also moves them through HBM.
 
 Issuing kernels costs `kernel_launch_us` each. On a GPU the host issues asynchronously, so a block can never
 run faster than its kernels can be issued (what bounds small models); on the CPU accelerator the same thread
@@ -16,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from toolkit.plan.cost.activations import MASK_BYTES
 from toolkit.plan.params import ParamCount
 from toolkit.plan.specs import ClusterSpec, ModelSpec
 
@@ -49,9 +51,12 @@ def rmsnorm_eager_passes(e: int) -> float:
     return (36 if e == 2 else 28) / e
 
 
-def kernels_per_block(model: ModelSpec, fused: bool = True) -> int:
-    """Kernels one block issues in forward; `fused=False` adds HF eager RMSNorm's and rotary's kernels."""
+def kernels_per_block(model: ModelSpec, fused: bool = True, flash: bool = True) -> int:
+    """Kernels one block issues in forward; `fused=False` adds HF eager RMSNorm's and rotary's kernels,
+    `flash=False` the materialized attention core's (QKᵀ, softmax, dropout, AV instead of one fused kernel)."""
     n = KERNELS_PER_BLOCK_FORWARD + ACTIVATION_KERNELS[model.activation] + (1 if model.gated_mlp else 0)
+    if not flash:
+        n += 2 + (1 if model.dropout else 0)
     if not fused:
         if model.norm == "rmsnorm":
             n += 2 * (RMSNORM_EAGER_KERNELS - 1)
@@ -126,12 +131,11 @@ def block_forward_s(
     """Forward time of one block for `tokens` tokens on one rank (TP shards matrices, SP shards tokens);
     `fused=False` prices HF's eager RMSNorm and rotary embedding op by op."""
     hbm = cluster.gpu_memory_gb_per_s * 1e9
-    h, s = model.hidden_size, model.seq_length
+    h = model.hidden_size
     m = tokens / sp
     q_w, kv_w = model.n_heads * model.head_dim, model.n_kv_heads * model.head_dim
     t = _gemm_s(m, h, (q_w + 2 * kv_w) / tp, e, peak, cluster) + _gemm_s(m, q_w / tp, h, e, peak, cluster)
-    # attention core QKᵀ and AV: 4·s·(a·d) FLOPs per token, heads split over TP and Ulysses SP
-    t += 4 * m * s * q_w / tp / (peak * attention_efficiency(cluster))
+    t += attention_core_s(model, cluster, m, e, tp, peak, flash)
     if moe:
         routed = model.moe_top_k * model.moe_capacity_factor
         ffn, n_in = model.moe_ffn_hidden_size, (2 if model.gated_mlp else 1)
@@ -153,22 +157,49 @@ def block_forward_s(
         t += _gemm_s(m, h, n_in * ffn / tp, e, peak, cluster) + _gemm_s(m, ffn / tp, h, e, peak, cluster)
         ffn_tp = ffn / tp
     # memory-bound passes per token: 2 norms (read+write h), 2 residual adds (read 2h, write h), the
-    # activation's kernels (and the gate product), softmax read+write unless fused (flash)
+    # activation's kernels (and the gate product)
     norm = 2 if fused or model.norm != "rmsnorm" else rmsnorm_eager_passes(e)
     replicated = 2 * norm * h + 2 * 3 * h
     act = ACTIVATION_PASSES[model.activation] + (3 if model.gated_mlp else 0)
     passes = (replicated / tp if sequence_parallel else replicated) + act * ffn_tp
     if not fused and model.position_embedding == "rope":
         passes += ROTARY_EAGER_PASSES * (q_w + kv_w) / tp
-    if not flash:
-        passes += 2 * model.n_heads * s / tp * (2 if model.dropout else 1)
     t += passes * e * m / hbm
-    issue = kernels_per_block(model, fused) * cluster.kernel_launch_us * 1e-6
+    issue = kernels_per_block(model, fused, flash) * cluster.kernel_launch_us * 1e-6
     return t + issue if cluster.accelerator == "cpu" else max(t, issue)
 
 
 def attention_efficiency(cluster: ClusterSpec) -> float:
     return cluster.attention_efficiency or cluster.gpu_matmul_efficiency
+
+
+def attention_core_s(
+    model: ModelSpec, cluster: ClusterSpec, m: float, e: int, tp: int, peak: float, flash: bool
+) -> float:
+    """Forward seconds of one block's attention core (QKᵀ, softmax, AV) for `m` tokens on one rank (heads
+    split over TP; Ulysses hands a rank m = tokens/sp tokens' worth of the same work).
+
+    4·s·(a·d) FLOPs per token either way (no causal saving counted, the MFU convention). Fused (FlashAttention,
+    SDPA) the scores stay on chip: the FLOPs at `attention_efficiency`. Materialized (Megatron-DeepSpeed's
+    CoreAttention: `baddbmm`, FusedScaleMaskSoftmax, dropout, `bmm`; eager attention likewise) QKᵀ and AV are
+    batched GEMMs, each at the roofline of its FLOPs and its bytes — QKᵀ reads q and k and writes the a·s
+    scores per token, AV reads them and v and writes the output — and between them the softmax reads and
+    writes the scores, and attention dropout reads them and writes the dropped copy and a byte mask. At 2k
+    tokens on an A100 that makes a block of Narayanan et al.'s 1.7B GPT (24 heads of 96) 1.32× slower than
+    with fused attention, and one of GPT-3 175B 1.05× (benchmarks/published_runs.py prices their Table 1 this
+    way: within 0.95-1.08 of all ten runs).
+    """
+    s, heads, d = model.seq_length, model.n_heads / tp, model.head_dim
+    flops = 4 * m * s * heads * d
+    if flash:
+        return flops / (peak * attention_efficiency(cluster))
+    hbm = cluster.gpu_memory_gb_per_s * 1e9
+    scores = m * s * heads  # elements: b·(a/t)·s² for m = b·s tokens
+    bmm_bytes = e * (scores + 2 * m * heads * d)
+    bmm = max(flops / 2 / (peak * cluster.gpu_matmul_efficiency), bmm_bytes / hbm)
+    softmax = 2 * e * scores
+    dropout = (2 * e + MASK_BYTES) * scores if model.dropout else 0.0
+    return 2 * bmm + (softmax + dropout) / hbm
 
 
 def stage_compute(
@@ -197,8 +228,6 @@ def stage_compute(
     last stage adds the LM head (2·h·V FLOPs per token forward, vocabulary-parallel) and its softmax.
     """
     tokens = micro_batch * model.seq_length
-    # selective recomputation is what fused (flash) attention does; HF's SDPA runs such kernels anyway
-    flash = flash or recompute != "none"
     common = dict(
         tokens=tokens,
         e=e,
@@ -211,10 +240,9 @@ def stage_compute(
     )
     fwd = dense_layers * block_forward_s(model, pc, cluster, moe=False, **common)
     fwd += moe_layers * block_forward_s(model, pc, cluster, moe=True, **common)
-    attention_fwd = (
-        (dense_layers + moe_layers) * 4 * tokens / sp * model.seq_length * model.n_heads * model.head_dim
+    attention_fwd = (dense_layers + moe_layers) * attention_core_s(
+        model, cluster, tokens / sp, e, tp, peak, flash
     )
-    attention_fwd /= tp * peak * attention_efficiency(cluster)
     if last:
         hbm = cluster.gpu_memory_gb_per_s * 1e9
         fwd += _gemm_s(tokens / sp, model.hidden_size, model.vocab_size / tp, e, peak, cluster)

@@ -196,7 +196,7 @@ def _per_micro_activations(model: ModelSpec, layout: Layout, blocks: int, moe_bl
         tp=layout.tp,
         sequence_parallel=layout.tp_sequence_parallel,
     )
-    recompute = act.attention_recompute(model, layout.recompute, layout.fused_kernels)
+    recompute = act.attention_recompute(layout.recompute, act.flash_attention(model, layout))
     per_micro = (blocks - moe_blocks) * act.block_bytes(model, recompute=recompute, **kwargs)
     per_micro += moe_blocks * act.block_bytes(model, recompute=recompute, moe=True, **kwargs)
     return per_micro
@@ -219,7 +219,7 @@ def _stage_activations(
             e,
             layout.tp,
             layout.tp_sequence_parallel,
-            act.attention_recompute(model, "none", layout.fused_kernels),  # the block being rebuilt
+            act.attention_recompute("none", act.flash_attention(model, layout)),  # the block being rebuilt
             moe=moe_blocks > 0,
         )
     if index == layout.pp - 1:
@@ -356,7 +356,7 @@ def estimate(
             moe_layers=st.moe_blocks,
             last=last,
             recompute=layout.recompute,
-            flash=act.attention_recompute(model, "none", layout.fused_kernels) != "none",
+            flash=act.flash_attention(model, layout),
             sequence_parallel=layout.tp_sequence_parallel,
             peak=peak,
             frozen=layout.lora is not None,
