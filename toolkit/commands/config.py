@@ -248,9 +248,8 @@ def run(args: argparse.Namespace) -> int:
     if args.megatron:
         _megatron_defaults(args)
     if args.target == "megatron" and not args.plan and args.fused_kernels is None:
-        args.fused_kernels = (
-            True  # Megatron's fused kernels (and CoreAttention), as the planner assumes there
-        )
+        # Megatron's fused kernels (and its CoreAttention), as the planner assumes for this target
+        args.fused_kernels = True
     model, cluster = model_from_args(args), cluster_from_args(args)
     _check_inputs(args, model, cluster)
     layout = _layout(args, model, cluster)
