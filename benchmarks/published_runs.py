@@ -32,6 +32,25 @@ NARAYANAN_TABLE_1 = [
     (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163),
     (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163),
 ]
+# Table 2: ZeRO-3 without model parallelism against PTD-P (t = 8, p = model-parallel size / 8), the same
+# models: (billions, scheme, model-parallel size, GPUs, batch, micro-batch, TFLOP/s per GPU)
+NARAYANAN_TABLE_2 = [
+    (174.6, "zero3", 1, 384, 1536, 4, 144),
+    (174.6, "zero3", 1, 768, 1536, 2, 88),
+    (174.6, "zero3", 1, 1536, 1536, 1, 44),
+    (529.6, "zero3", 1, 640, 2560, 4, 138),
+    (529.6, "zero3", 1, 1120, 2240, 2, 98),
+    (529.6, "zero3", 1, 2240, 2240, 1, 48),
+    (174.6, "ptdp", 96, 384, 1536, 1, 153),
+    (174.6, "ptdp", 96, 768, 1536, 1, 149),
+    (174.6, "ptdp", 96, 1536, 1536, 1, 141),
+    (529.6, "ptdp", 280, 560, 2240, 1, 171),
+    (529.6, "ptdp", 280, 1120, 2240, 1, 167),
+    (529.6, "ptdp", 280, 2240, 2240, 1, 159),
+]
+# shapes of the models the two tables train: Table 1's, and GPT-3's for 174.6B
+NARAYANAN_SHAPES = [(b, heads, hidden, layers) for b, heads, hidden, layers, *_ in NARAYANAN_TABLE_1]
+NARAYANAN_SHAPES.append((174.6, 96, 12288, 96))
 MODEL_DIR = "{models}"  # replaced by a temporary folder holding the shapes above as dstk model files
 
 
@@ -63,26 +82,17 @@ RUNS = [
         )
         for b, _, _, _, t, p, n, batch, published in NARAYANAN_TABLE_1
     ),
-    (
-        "GPT-3 175B ZeRO-3, 384 A100, b=4",
-        "Narayanan et al. 2021, Table 2",
-        "--model gpt3-175b --cluster dgx-a100-80g --nodes 48 --zero-stage 3 --micro-batch 4 --global-batch 1536 --recompute full --fused-kernels",
-        "hw",
-        144,
-    ),
-    (
-        "GPT-3 175B ZeRO-3, 768 A100, b=2",
-        "Narayanan et al. 2021, Table 2",
-        "--model gpt3-175b --cluster dgx-a100-80g --nodes 96 --zero-stage 3 --micro-batch 2 --global-batch 1536 --recompute full --fused-kernels",
-        "hw",
-        88,
-    ),
-    (
-        "GPT-3 175B ZeRO-3, 1536 A100, b=1",
-        "Narayanan et al. 2021, Table 2",
-        "--model gpt3-175b --cluster dgx-a100-80g --nodes 192 --zero-stage 3 --micro-batch 1 --global-batch 1536 --recompute full --fused-kernels",
-        "hw",
-        44,
+    *(
+        (
+            f"Megatron {b:g}B, {'ZeRO-3' if scheme == 'zero3' else 'PTD-P TP8 PP' + str(mp // 8)}, {n} A100, b={micro}",
+            "Narayanan et al. 2021, Table 2",
+            f"--model {MODEL_DIR}/megatron-{b:g}b.yaml --cluster dgx-a100-80g --nodes {n // 8} "
+            + ("--zero-stage 3" if scheme == "zero3" else f"--tp 8 --pp {mp // 8} --tp-vocab-parallel")
+            + f" --micro-batch {micro} --global-batch {batch} --recompute full --precision fp16 --fused-kernels",
+            "hw",
+            published,
+        )
+        for b, scheme, mp, n, batch, micro, published in NARAYANAN_TABLE_2
     ),
     (
         "175B, TP8 PP8 SP + selective, 64 A100",
@@ -198,7 +208,7 @@ def main() -> int:
 
     rows = []
     models = Path(tempfile.mkdtemp(prefix="dstk-published-"))
-    for b, heads, hidden, layers, *_ in NARAYANAN_TABLE_1:
+    for b, heads, hidden, layers in NARAYANAN_SHAPES:
         spec = _narayanan_model(b, heads, hidden, layers)
         (models / f"{spec['name']}.yaml").write_text(yaml.safe_dump(spec))
     for label, source, args, metric, published in RUNS:
