@@ -91,9 +91,10 @@ class Meter:
     """LoRA: the base weights get no gradients, so a token costs 4·N model FLOPs (as the estimate counts)."""
     sync: Any = None
     """The accelerator's `synchronize`: a CUDA step returns to Python long before its kernels finish, so
-    without it a step's time is what the host took to queue them. On the lent H200 an unsynchronized 7B-shaped
-    Llama step read 0.19 s in its first steps and 0.73 s by the twentieth, as later steps waited for earlier
-    ones (2026-12-04); dstk's own loss all-reduce then waited outside the timed span."""
+    without it a step's time is what the host took to queue them, plus whatever earlier work it happened to
+    wait for. On the lent H200 an unsynchronized 7B-shaped Llama step read 0.19 s in its first steps and
+    0.73 s by the twentieth (2026-12-04); why is not established, and an unsynchronized timer could not say
+    which step the device time belonged to."""
     step_times: list[float] = field(default_factory=list)
     _t0: float = 0.0
 
