@@ -53,7 +53,9 @@ class ConfigOptions(BaseModel):
     wandb: bool = False
     """Enable DeepSpeed's wandb monitor (offline unless the user has configured wandb)."""
     comms_logger: bool = False
-    """Enable DeepSpeed's communication logger (volumes and latencies per collective)."""
+    """Enable DeepSpeed's communication logger (volumes and latencies per collective). It synchronizes the
+    device after every collective. Off, the config has no `comms_logger` key at all: DeepSpeed switches the
+    logger on for any such key, whatever its `enabled` says."""
     flops_profiler: bool = False
     """Enable DeepSpeed's FLOPs profiler at step 10."""
     steps_per_print: int = Field(default=10, gt=0)
@@ -178,7 +180,6 @@ def _logging_blocks(opts: ConfigOptions) -> dict[str, Any]:
         },
         "csv_monitor": {"enabled": True, "output_path": f"{opts.log_dir}/csv", "job_name": opts.job_name},
         "wandb": {"enabled": opts.wandb, "project": "dstk"},
-        "comms_logger": {"enabled": opts.comms_logger, "verbose": False, "prof_all": True, "debug": False},
         "flops_profiler": {
             "enabled": opts.flops_profiler,
             "profile_step": 10,
@@ -188,6 +189,8 @@ def _logging_blocks(opts: ConfigOptions) -> dict[str, Any]:
             "output_file": None,
         },
     }
+    if opts.comms_logger:  # DeepSpeed turns it on by the key's presence alone (integrations.ds_input)
+        out["comms_logger"] = {"enabled": True, "verbose": False, "prof_all": True, "debug": False}
     return out
 
 

@@ -159,11 +159,13 @@ class SequenceParallel:
         import torch
         import torch.distributed as dist
 
+        from toolkit.run.step_sync import to_device
+
         device = self.engine.device
-        labels = sliced["shift_labels"].to(device)
+        labels = to_device(sliced["shift_labels"], device)
         logits = self.engine(
-            input_ids=sliced["input_ids"].to(device),
-            position_ids=sliced["position_ids"].to(device),
+            input_ids=to_device(sliced["input_ids"], device),
+            position_ids=to_device(sliced["position_ids"], device),
             use_cache=False,
         ).logits
         loss_sum = torch.nn.functional.cross_entropy(

@@ -30,7 +30,8 @@ def _evaluate(trainer: Any) -> dict[str, float]:
     if trainer.layout.pp > 1:
         return _pipeline_evaluate(trainer)
     trainer.engine.eval()
-    total, tokens = 0.0, 0
+    total: Any = 0.0  # on the device until the one read at the end
+    tokens = 0
     with torch.no_grad():
         for batch in eval_batches(
             trainer.eval_data,
@@ -43,10 +44,10 @@ def _evaluate(trainer: Any) -> dict[str, float]:
                 loss_sum, n = trainer.sp.eval_sums(batch)
             else:
                 out = trainer.engine(
-                    input_ids=batch.input_ids.to(trainer.rt.device), labels=batch.labels.to(trainer.rt.device)
+                    input_ids=trainer.on_device(batch.input_ids), labels=trainer.on_device(batch.labels)
                 )
-                n = int((batch.labels[:, 1:] != -100).sum())
-                loss_sum = float(out.loss.float()) * n
+                n = int((batch.labels[:, 1:] != -100).sum())  # a host tensor: no wait
+                loss_sum = out.loss.detach().double() * n
             total += loss_sum
             tokens += n
             if trainer.aux_loss is not None:
@@ -60,7 +61,7 @@ def _pipeline_evaluate(trainer: Any) -> dict[str, float]:
     """The pipeline engine's own eval schedule; it averages the micro-batch losses on the last stage and
     broadcasts the result to every stage."""
     batches = [
-        (b.input_ids.to(trainer.rt.device), b.labels.to(trainer.rt.device))
+        (trainer.on_device(b.input_ids), trainer.on_device(b.labels))
         for b in eval_batches(
             trainer.eval_data,
             trainer.layout.micro_batch_size,
@@ -69,6 +70,7 @@ def _pipeline_evaluate(trainer: Any) -> dict[str, float]:
             trainer.opts.eval_rows,
         )
     ]
-    loss = float(trainer.engine.eval_batch(iter(batches), num_micro_batches=len(batches)))
-    loss = mean_over_ranks(loss, trainer.rt)
+    loss = mean_over_ranks(
+        trainer.engine.eval_batch(iter(batches), num_micro_batches=len(batches)), trainer.rt
+    )
     return {"loss": loss, "perplexity": math.exp(min(loss, 50.0))}

@@ -11,7 +11,6 @@ sets each step's learning rate before the step.
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -21,23 +20,25 @@ from toolkit.data.loader import DynamicLoader, Step, TrainLoader, load_split
 from toolkit.errors import UserError
 from toolkit.plan.layout import Layout, data_parallel_size
 from toolkit.plan.specs import ModelSpec
+from toolkit.run.comms_log import CommsTally
 from toolkit.run.engine_state import held_bytes
 from toolkit.run.evaluate import evaluate
-from toolkit.run.loop_state import LEAN_STEPS, LoopOptions, Record, gather, means_over_ranks
+from toolkit.run.loop_state import LEAN_STEPS, LoopOptions, Record, gather
 from toolkit.run.metrics import Logger, Meter, current_rss_bytes, peak_memory_bytes
+from toolkit.run.rollback import roll_back
 from toolkit.run.runtime import Runtime, allow_heap_reuse, rng_state, set_rng_state
 from toolkit.run.stability import (
     CLEAR,
     Fault,
     SpikeGuard,
-    Verdict,
     corrupt,
+    crash_if_asked,
     engine_grad_norm,
     engine_reports_grad_norm,
     local_grad_norm,
-    rollback_tag,
     unclipped,
 )
+from toolkit.run.step_sync import StepChannel, StepRecord, to_device
 from toolkit.run.tiers import Tiers
 
 
@@ -109,20 +110,19 @@ class Trainer:
             self.guard is not None and layout.pp == 1 and not engine_reports_grad_norm(engine)
         )
         """The engine computes no gradient norm (a torch optimizer at ZeRO-0): dstk does, for the guard."""
-        self._grad_norm: float | None = None
+        self._grad_norm: Any = None
         self.record = Record()
         tokens = layout.global_batch_size * self.train_data.seq_length
-        import deepspeed
-
         self.meter = Meter(
-            model,
-            rt.world_size,
-            tokens,
-            peak_flops,
-            warmup=LEAN_STEPS,
-            frozen=layout.lora is not None,
-            sync=deepspeed.get_accelerator().synchronize,
+            model, rt.world_size, tokens, peak_flops, warmup=LEAN_STEPS, frozen=layout.lora is not None
         )
+        self.channel = StepChannel(rt)
+        """Each step's loss, gradient norm, stop request and time, read back one step behind
+        (toolkit.run.step_sync)."""
+        self.last: StepRecord | None = None
+        """The newest record read."""
+        self.comms = CommsTally()
+        """DeepSpeed's comms logger drained every step, when the config asks for it (toolkit.run.comms_log)."""
         self._steps_here = 0
         """Optimizer steps this process has run (resumed runs start counting again)."""
         self._lean_peak: int | None = None
@@ -172,17 +172,21 @@ class Trainer:
             position=self.position,
         )
 
-    def _micro_step(self, batch: Any, measure: bool, fault: Fault | None = None) -> float:
+    def on_device(self, tensor: Any) -> Any:
+        return to_device(tensor, self.rt.device)
+
+    def _micro_step(self, batch: Any, measure: bool, aux: list[Any], fault: Fault | None = None) -> Any:
+        """One micro-batch; its loss to log stays on the device (toolkit.run.step_sync)."""
         engine = self.engine
         if self.sp is None:
-            out = engine(input_ids=batch.input_ids.to(self.rt.device), labels=batch.labels.to(self.rt.device))
+            out = engine(input_ids=self.on_device(batch.input_ids), labels=self.on_device(batch.labels))
             loss = logged = out.loss
         else:
             loss, logged = self.sp.loss(batch)  # this rank's share to back-propagate, the batch's mean
         if self.aux_loss is not None:
-            aux = self.aux_loss.pop()
-            self.record.aux_losses.append(float(aux.detach()))
-            loss = loss + aux
+            router = self.aux_loss.pop()
+            aux.append(router.detach())
+            loss = loss + router
         if fault is not None and fault.kind != "slow":
             loss = corrupt(loss, fault)
         engine.backward(loss)
@@ -200,12 +204,14 @@ class Trainer:
         spike = fault is not None and fault.kind == "spike" and boundary
         with unclipped(engine) if spike else contextlib.nullcontext():
             engine.step()
-        return math.nan if fault is not None and fault.kind == "nan" else float(logged.detach().float())
+        logged = logged.detach().float()
+        return logged * float("nan") if fault is not None and fault.kind == "nan" else logged
 
-    def _pipeline_step(self, micro_batches: list[Any]) -> float:
-        """One optimizer step of the pipeline engine: it pulls the micro-batches itself (1F1B schedule)."""
-        batches = iter([(b.input_ids.to(self.rt.device), b.labels.to(self.rt.device)) for b in micro_batches])
-        return float(self.engine.train_batch(data_iter=batches))
+    def _pipeline_step(self, micro_batches: list[Any]) -> Any:
+        """One optimizer step of the pipeline engine: it pulls the micro-batches itself (1F1B schedule) and
+        returns the mean loss, on the device, broadcast from the last stage."""
+        batches = iter([(self.on_device(b.input_ids), self.on_device(b.labels)) for b in micro_batches])
+        return self.engine.train_batch(data_iter=batches).detach().float()
 
     def evaluate(self) -> dict[str, float]:
         """Held-out loss and perplexity (toolkit.run.evaluate)."""
@@ -220,6 +226,7 @@ class Trainer:
     def save(self, tier: str = "disk") -> None:
         if self.ckpt is None:
             return
+        self.read(self.step)  # the checkpoint holds every loss up to here
         fault = self.opts.fault_after_first_shard_at == self.step
         extra: dict[str, Any] = {
             "losses": self.record.losses,
@@ -233,8 +240,9 @@ class Trainer:
         self.saved_steps.append(self.step)
         self._rolled_back_to = None
 
-    def _train_step(self, micro_batches: list[Any]) -> tuple[float, float | None]:
-        """One optimizer step: (loss, global gradient norm or None), averaged over the ranks."""
+    def _train_step(self, micro_batches: list[Any]) -> None:
+        """Queue one optimizer step and its record (loss, global gradient norm, stop request), reduced over the
+        ranks on the device; the host reads it later (`read`)."""
         # model states are measured once, in the second step (Adam creates its moments lazily in the first) or
         # in the first step after a resume (the moments came with the checkpoint)
         first = not self._states_measured and (self.step >= 1 or self.opts.steps == 1)
@@ -243,14 +251,14 @@ class Trainer:
         fault = next((f for f in self.opts.faults if f.fires(self.step + 1, self.position, gb)), None)
         if fault is not None and fault.kind == "slow":
             time.sleep(0.5)
-        self.meter.start()
+        aux: list[Any] = []
+        self.channel.begin()
         if self.layout.pp > 1:
             losses = [self._pipeline_step(micro_batches)]
         else:
             # Ulysses slices (--sp): the adapter's collectives run here, on the training thread
             batches = micro_batches if self.sp is None else self.sp.step_batches(micro_batches)
-            losses = [self._micro_step(b, measure=first, fault=fault) for b in batches]
-        self.meter.stop()
+            losses = [self._micro_step(b, measure=first, aux=aux, fault=fault) for b in batches]
         if first:
             self.record.model_states["after_step"] = gather(held_bytes(self.engine)["model_states"])
         self._after_step()
@@ -259,13 +267,35 @@ class Trainer:
         norm = engine_grad_norm(self.engine)
         norm = self._grad_norm if norm is None else norm
         # the stop request rides on the all-reduce every step does anyway: all ranks stop after the same step
-        asked = [float(self.stop.signum)] if self.stop is not None else []
-        means = means_over_ranks(
-            [sum(losses) / len(losses)] + ([] if norm is None else [norm]) + asked, self.rt
+        asked = self.stop.signum if self.stop is not None else 0
+        self.channel.end(self.step + 1, sum(losses) / len(losses), norm, asked, aux)
+        self.comms.drain()
+
+    def read(self, upto: int) -> StepRecord | None:
+        """Take the records of the steps up to `upto` (waiting for them if need be): their losses, router
+        losses and times into the run's record, a stop request into `stopped_by`. Returns the newest."""
+        for rec in self.channel.take(upto):
+            self.record.losses.append(rec.loss)
+            self.record.aux_losses.extend(rec.aux)
+            self.meter.add(rec.seconds, rec.period)
+            if rec.stop and not self.stopped_by:
+                # SIGTERM's convention when another rank got it first
+                self.stopped_by = (self.stop.signum if self.stop is not None else 0) or 15
+            self.last = rec
+        return self.last
+
+    def _due_now(self, save_due: bool) -> bool:
+        """Whether this step's record must be read before the loop goes on: it is logged, checkpointed or
+        judged by the spike guard now, or it is the last."""
+        step = self.step
+        return (
+            self.guard is not None
+            or save_due
+            or step % self.opts.log_every == 0
+            or step >= self.opts.steps
+            or (self.ckpt is not None and self.ckpt.snapshot_due(step, self.opts.steps))
+            or self.opts.crash_at_step == step
         )
-        if asked and means[-1] > 0:
-            self.stopped_by = self.stop.signum or 15  # another rank got it first: SIGTERM's convention
-        return means[0], (None if norm is None else means[1])
 
     def run(self, logger: Logger) -> None:
         if self.guard is not None and self.step not in self.saved_steps:
@@ -275,21 +305,28 @@ class Trainer:
         save_due = False
         try:
             while self.step < self.opts.steps:
-                loss, grad_norm = self._train_step(self._begin_step(next(steps)))
+                self._train_step(self._begin_step(next(steps)))
                 self.step += 1
                 self.position = loader.position
-                verdict = self.guard.check(self.step, loss, grad_norm) if self.guard else CLEAR
+                save_due = save_due or bool(self.opts.save_every and self.step % self.opts.save_every == 0)
+                now = self._due_now(save_due)
+                rec = self.read(self.step if now else self.step - 1)
+                verdict = (
+                    self.guard.check(self.step, rec.loss, rec.grad_norm)
+                    if self.guard is not None and rec is not None
+                    else CLEAR
+                )
                 if verdict.spike:
                     steps.close()
-                    self._roll_back(verdict, logger)
+                    roll_back(self, verdict, logger)
                     save_due = False  # the state rolled back to is a checkpoint
                     loader = self._loader()
                     steps = loader.steps()
                     continue
-                self.record.losses.append(loss)
                 logger.advance()
                 if self.step % self.opts.log_every == 0 or self.step == self.opts.steps:
-                    self._log(logger, loss, grad_norm)
+                    assert rec is not None and rec.step == self.step
+                    self._log(logger, rec)
                 if (
                     self.opts.eval_every
                     and self.eval_data is not None
@@ -298,7 +335,9 @@ class Trainer:
                     result = self.evaluate()
                     self.record.evals.append({"step": self.step, **result})
                     logger.log(self.step, result, prefix="eval")
-                save_due = save_due or bool(self.opts.save_every and self.step % self.opts.save_every == 0)
+                    logger.message(
+                        f"step {self.step}: held-out loss {result['loss']:.4f}, perplexity {result['perplexity']:.4g}"
+                    )
                 if save_due and not verdict.suspect:  # a state inside an anomalous streak waits for the end
                     self.save()
                     save_due = False
@@ -312,16 +351,8 @@ class Trainer:
                     if self.ckpt is not None and not self.ckpt.on_disk(self.step):
                         self.save()
                     break
-                if (
-                    self.opts.crash_at_step == self.step
-                    and self.opts.crash_during == "step"
-                    and not self.resumed
-                    and self.rt.rank == self.opts.crash_rank
-                ):
-                    import os
-                    import signal
-
-                    os.kill(os.getpid(), signal.SIGKILL)
+                crash_if_asked(self.opts, self.step, self.resumed, self.rt.rank)
+            self.read(self.step)  # every step's record, before the run is summarized or saved
         finally:
             steps.close()
 
@@ -348,52 +379,17 @@ class Trainer:
         }
         return item.micro_batches
 
-    def _log(self, logger: Logger, loss: float, grad_norm: float | None) -> None:
+    def _log(self, logger: Logger, rec: StepRecord) -> None:
         values = {
-            "loss": loss,
+            "loss": rec.loss,
             "lr": float(self.engine.get_lr()[0]),
             "rss_bytes": current_rss_bytes(),
-            **self.meter.rates(self.meter.step_times[-1]),
+            **self.meter.rates(rec.seconds),
             **self._step_values,
         }
-        if grad_norm is not None:
-            values["grad_norm"] = grad_norm
+        if rec.grad_norm is not None:
+            values["grad_norm"] = rec.grad_norm
         logger.log(self.step, values)
-
-    def _roll_back(self, verdict: Verdict, logger: Logger) -> None:
-        """Back to this run's newest checkpoint before the anomalous streak began, with the data position moved
-        past everything read since (PaLM's recipe: the batches before and during the spike are skipped)."""
-        assert self.guard is not None
-        guard, spike_step, skip_to = self.guard, self.step, self.position
-        event: dict[str, Any] = {
-            "event": "spike",
-            "step": spike_step,
-            "reason": verdict.reason,
-            "episode_start": verdict.episode_start,
-        }
-        if guard.rollbacks >= guard.opts.max_rollbacks:
-            logger.event({**event, "action": "stop", "rollbacks": guard.rollbacks})
-            raise UserError(
-                f"--max-rollbacks: a spike after {guard.rollbacks} rollback(s) ({verdict.reason}): the run does "
-                f"not recover; lower the learning rate (--spike-lr-factor) or inspect the data "
-                f"(see {self.run_dir / 'events.jsonl'})"
-            )
-        before = verdict.episode_start or spike_step
-        if self._rolled_back_to is not None and self._rolled_back_to < before:
-            before = self._rolled_back_to
-            event["escalated"] = True  # it spiked again before a new checkpoint: one further back
-        self._load(rollback_tag(self.ckpt, self.saved_steps, before))
-        self._rolled_back_to = self.step
-        skipped = [self.position, skip_to]
-        self.position = skip_to
-        self.record.evals = [e for e in self.record.evals if e["step"] <= self.step]
-        guard.after_rollback(self.engine)
-        event.update(rolled_back_to=self.step, skipped_rows=skipped)
-        # steps of data skipped: rows / global batch, or (dynamic batches vary in rows) the steps undone
-        gb = self.layout.global_batch_size
-        guard.report(
-            logger, event, (skip_to - skipped[0]) // gb if self.batching is None else spike_step - self.step
-        )
 
     def _after_step(self) -> None:
         """After this process's first LEAN_STEPS steps: note the peak memory, then let glibc reuse freed heap.

@@ -58,18 +58,21 @@ class Record:
     """Weighted router losses added to each micro-batch's loss on this rank (MoE models)."""
 
 
-def means_over_ranks(values: list[float], rt: Runtime) -> list[float]:
+def means_over_ranks(values: list[Any], rt: Runtime) -> list[float]:
+    """The mean over the ranks of each value (numbers or device scalars), in one all-reduce and one read."""
     import torch
     import torch.distributed as dist
 
+    from toolkit.run.step_sync import device_scalar
+
     # on the accelerator: NCCL reduces device tensors only ("No backend type associated with device type
     # cpu", seen on an H200); gloo takes CPU tensors, which is what the CPU accelerator's device is
-    t = torch.tensor(values, dtype=torch.float64, device=rt.device)
+    t = torch.stack([device_scalar(v, rt.device) for v in values])
     dist.all_reduce(t)
     return [float(v) / rt.world_size for v in t.tolist()]
 
 
-def mean_over_ranks(value: float, rt: Runtime) -> float:
+def mean_over_ranks(value: Any, rt: Runtime) -> float:
     return means_over_ranks([value], rt)[0]
 
 

@@ -80,7 +80,13 @@ def current_rss_bytes() -> int:
 
 @dataclass
 class Meter:
-    """Per-step timing and the derived figures; the first `warmup` steps (JIT, allocator) are excluded."""
+    """Per-step times and the derived figures; the first `warmup` steps (JIT, allocator) are excluded.
+
+    The times are the device's, read with each step's record (toolkit.run.step_sync): a CUDA step returns to
+    Python long before its kernels finish, so a host clock around it measures only the queueing. On the lent
+    H200 an unsynchronized 7B-shaped Llama step read 0.19 s in its first steps and 0.73 s by the twentieth
+    (2026-12-04) — a run whose every config carried DeepSpeed's comms logger, which synchronizes around every
+    collective and re-reads every timer event since the start (toolkit.integrations.ds_input)."""
 
     model: ModelSpec
     world_size: int
@@ -89,26 +95,15 @@ class Meter:
     warmup: int = 1
     frozen: bool = False
     """LoRA: the base weights get no gradients, so a token costs 4·N model FLOPs (as the estimate counts)."""
-    sync: Any = None
-    """The accelerator's `synchronize`: a CUDA step returns to Python long before its kernels finish, so
-    without it a step's time is what the host took to queue them, plus whatever earlier work it happened to
-    wait for. On the lent H200 an unsynchronized 7B-shaped Llama step read 0.19 s in its first steps and
-    0.73 s by the twentieth (2026-12-04); why is not established, and an unsynchronized timer could not say
-    which step the device time belonged to."""
     step_times: list[float] = field(default_factory=list)
-    _t0: float = 0.0
+    """Each step from its first micro-batch to its optimizer step."""
+    step_periods: list[float | None] = field(default_factory=list)
+    """Each step's end since the previous one's: the step plus what the loop did around it (data, logging,
+    checkpoints); None where there was no previous step in this process's timeline."""
 
-    def start(self) -> None:
-        if self.sync is not None:
-            self.sync()
-        self._t0 = time.perf_counter()
-
-    def stop(self) -> float:
-        if self.sync is not None:
-            self.sync()
-        dt = time.perf_counter() - self._t0
-        self.step_times.append(dt)
-        return dt
+    def add(self, seconds: float, period: float | None = None) -> None:
+        self.step_times.append(seconds)
+        self.step_periods.append(period)
 
     @property
     def measured(self) -> list[float]:

@@ -208,6 +208,7 @@ def main(run: TrainRun) -> dict[str, Any]:
 
     import deepspeed
 
+    from toolkit.integrations.ds_input import idle_comms_logger, without_idle_comms_logger
     from toolkit.integrations.ds_layout import layout_from_config
     from toolkit.parallel import ulysses
     from toolkit.run.loop import Trainer
@@ -254,7 +255,14 @@ def main(run: TrainRun) -> dict[str, Any]:
         tag = _resume_tag(ckpt, run)
         if ckpt is not None and tag is None and run.loop.crash_at_step and rt.rank == run.loop.crash_rank:
             ckpt.crash = (run.loop.crash_at_step, run.loop.crash_during)  # test-only, as --crash-at-step
-        config = _monitors_under(run.config, run.run_dir)
+        config = _monitors_under(without_idle_comms_logger(run.config), run.run_dir)
+        if idle_comms_logger(run.config) and rt.is_main:
+            print(
+                "--config: dropped its disabled comms_logger block: DeepSpeed 0.19.8 turns the logger on "
+                "for any such key, and it synchronizes after every collective (pass --comms-logger to "
+                "dstk config to have it)",
+                flush=True,
+            )
         if tag is not None and is_universal(run.checkpoint_dir / tag):
             # a checkpoint from another world size, converted by dstk checkpoint convert
             config = {**config, "checkpoint": {**config.get("checkpoint", {}), "load_universal": True}}

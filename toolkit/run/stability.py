@@ -25,8 +25,11 @@ backward (the gradients are already averaged over the data-parallel ranks), befo
 zeroes them. DeepSpeed 0.19.8's ZeRO-1/2/3 and bf16 optimizers *skip* a step whose gradient norm is not finite
 (and report it as inf); ZeRO-0 with a torch optimizer applies it and writes NaN into every weight.
 
-Every rank feeds the detector identical all-reduced values, and the verdict is all-reduced once more: a
-rollback and a deferred checkpoint are collectives, a rank that disagreed would hang the job.
+Every rank feeds the detector identical all-reduced values (the step's record, toolkit.run.step_sync) and the
+detector is deterministic, so every rank reaches the same verdict without a further collective: a rollback and
+a deferred checkpoint are collectives, and a rank that disagreed would hang the job. The window is kept on the
+host: its inputs arrive in the one record the loop reads per step anyway, so keeping it on the device would
+save no wait.
 """
 
 from __future__ import annotations
@@ -213,6 +216,16 @@ class Fault:
         return start_row == (self.step - 1) * global_batch
 
 
+def crash_if_asked(opts: Any, step: int, resumed: bool, rank: int) -> None:
+    """`--crash-at-step` (test-only): SIGKILL this rank right after `step`, as a node failure would, in a run
+    that did not resume (so the restarted job gets past it)."""
+    if opts.crash_at_step == step and opts.crash_during == "step" and not resumed and rank == opts.crash_rank:
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def corrupt(loss: Any, fault: Fault) -> Any:
     """The loss to back-propagate under `fault`."""
     return loss * (math.nan if fault.kind == "nan" else SPIKE_SCALE)
@@ -243,25 +256,24 @@ def engine_reports_grad_norm(engine: Any) -> bool:
     return hasattr(engine.optimizer, "_global_grad_norm")
 
 
-def engine_grad_norm(engine: Any) -> float | None:
-    """The engine's pre-clipping global norm of the last step; inf for DeepSpeed's invalid-norm sentinel (-1)."""
-    norm = engine.get_global_grad_norm()
-    if norm is None:
-        return None
-    norm = float(norm)
-    return math.inf if norm < 0 else norm
+def engine_grad_norm(engine: Any) -> Any:
+    """The engine's pre-clipping global norm of the last step as the engine holds it — a device tensor at
+    ZeRO-1/2/3 and in the bf16 optimizer, a number after an overflow, None when it computes none — so reading
+    it costs no wait here; DeepSpeed's invalid-norm sentinel (-1) becomes inf where the record is read
+    (toolkit.run.step_sync)."""
+    return engine.get_global_grad_norm()
 
 
-def local_grad_norm(engine: Any) -> float:
-    """L2 norm of the module's gradients, after the boundary backward and before `engine.step()`. DeepSpeed's
-    own helper sums over model-parallel ranks (engine.mpu) and marks a non-finite norm as -1."""
+def local_grad_norm(engine: Any) -> Any:
+    """L2 norm of the module's gradients, after the boundary backward and before `engine.step()`, as a device
+    scalar. DeepSpeed's own helper sums over model-parallel ranks (engine.mpu) and marks a non-finite norm
+    as -1."""
     from deepspeed.runtime.utils import get_global_norm_of_tensors
 
     grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
     if not grads:
         return 0.0
-    norm = float(get_global_norm_of_tensors(grads, mpu=engine.mpu))
-    return math.inf if norm < 0 else norm
+    return get_global_norm_of_tensors(grads, mpu=engine.mpu)
 
 
 class SpikeGuard:
@@ -276,24 +288,9 @@ class SpikeGuard:
         """The configured rates, for runs without a scheduler to recompute them from."""
 
     def check(self, step: int, loss: float, grad_norm: float | None) -> Verdict:
-        """The verdict every rank agrees on (inputs are already identical; MAX settles any difference)."""
-        import deepspeed
-        import torch
-        import torch.distributed as dist
-
-        v = self.detector.observe(step, loss, grad_norm)
-        t = torch.tensor(
-            [float(v.spike), float(v.suspect), -float(v.episode_start or step)],
-            dtype=torch.float64,
-            device=deepspeed.get_accelerator().current_device_name(),  # NCCL reduces device tensors only
-        )
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        spike, suspect, start = bool(t[0]), bool(t[1]), int(-t[2])
-        if (spike, suspect) == (v.spike, v.suspect):
-            return v
-        return Verdict(
-            spike, suspect, start if suspect else None, v.reason or f"another rank flagged step {step}"
-        )
+        """The verdict for this step. Every rank reaches the same one without a collective: its inputs are the
+        all-reduced record every rank reads (toolkit.run.step_sync), and the detector is deterministic."""
+        return self.detector.observe(step, loss, grad_norm)
 
     def after_rollback(self, engine: Any) -> None:
         self.rollbacks += 1

@@ -12,7 +12,7 @@ def summarize(trainer: Any, run: Any, layout: Layout) -> dict[str, Any]:
     """Gather the measurements of every rank; rank 0 writes `summary.json` and prints the comparison."""
     meter = trainer.meter
     step_s = meter.step_time_s
-    by_op = _comm_bytes_per_step(trainer)
+    by_op = trainer.comms.per_step(len(meter.step_times))
     summary: dict[str, Any] = {
         "model": run.model.name,
         "layout": layout.model_dump(),
@@ -25,6 +25,7 @@ def summarize(trainer: Any, run: Any, layout: Layout) -> dict[str, Any]:
         "evals": trainer.record.evals,
         "step_time_s": step_s,
         "step_times_s": meter.step_times,
+        "step_periods_s": meter.step_periods,
         **meter.rates(step_s),
         "peak_memory_bytes": trainer.peak_memory(),
         "peak_rss_bytes": trainer.peak_rss(),
@@ -33,6 +34,7 @@ def summarize(trainer: Any, run: Any, layout: Layout) -> dict[str, Any]:
         "aux_losses": trainer.record.aux_losses,
         "comm_bytes_per_step": sum(by_op.values()),
         "comm_bytes_per_step_by_op": by_op,
+        "comms_logger": trainer.comms.summary(),
         "model_state_bytes": trainer.record.model_states,
         "checkpoint_dir": str(run.checkpoint_dir) if run.checkpoint_dir else None,
     }
@@ -137,20 +139,6 @@ def reality_check(summary: dict[str, Any], cluster: Any, layout: Layout) -> list
         )
     what = ", ".join(f"{k} ×{r:.2f} of the prediction" for k, r in off.items())
     return [f"measured {what} (outside ×{OUTSIDE[0]:g}–{OUTSIDE[1]:g}); likely: " + "; ".join(causes)]
-
-
-def _comm_bytes_per_step(trainer: Any) -> dict[str, float]:
-    """Bytes this rank passed to each collective per step (evaluation's included), from DeepSpeed's comms
-    logger when the config enabled it (message sizes as DeepSpeed records them); empty otherwise."""
-    from deepspeed.comm import comm
-
-    logger = getattr(comm, "comms_logger", None)
-    if logger is None or not getattr(logger, "enabled", False) or not trainer.meter.step_times:
-        return {}
-    steps = len(trainer.meter.step_times)
-    return {
-        name: sum(size * rec[0] for size, rec in op.items()) / steps for name, op in logger.comms_dict.items()
-    }
 
 
 def _params_on_rank(trainer: Any) -> list[dict[str, int]]:
