@@ -14,7 +14,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: install demo test test-fast lint format bench clean
+.PHONY: install demo test test-fast lint format bench clean gpu-wheels gpu-check
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,14 @@ format: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/plan_speed.py
 	$(PY) benchmarks/published_runs.py
+
+# The one prepared GPU check (#32): `make gpu-wheels` here, then `bash benchmarks/gpu_check.sh` on the GPU node
+# (the device tool carries .whl); `make gpu-check` runs it where deepspeed is importable (a CUDA venv).
+gpu-wheels: $(STAMP)
+	bash benchmarks/gpu_wheels.sh
+
+gpu-check:
+	bash benchmarks/gpu_check.sh
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

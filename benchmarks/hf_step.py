@@ -13,14 +13,22 @@ is a finding of its own. `--profile` also turns on DeepSpeed's `wall_clock_break
 step milliseconds, synchronized, every 5 steps) and its FLOPs profiler (per-module latency at step 10) and keeps
 their lines: where the time goes, from one run. Writes JSON and Markdown to benchmarks/results/.
 
+`--bare` also runs the same model, config and data through benchmarks/minimal_loop.py — forward, backward, step,
+no dstk — and reports the ratio of the median step periods (time between step ends), what dstk's loop costs on
+this accelerator. The record also gives the step time's trend: the least-squares slope over the steps after
+warm-up, relative to the median (0 for a flat run), and the median of the last 10 over the first 10.
+
 Usage: python benchmarks/hf_step.py [--layers N] [--micro-batch N] [--steps N] [--ranks N] [--cluster C]
-                                    [--precision P] [--tiny] [--profile] [--out-dir DIR]
+                                    [--zero-stage S] [--precision P] [--tiny] [--profile] [--bare]
+                                    [--out-dir DIR] [--tag NAME]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -28,7 +36,17 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import bench_env, command_line, dstk, output_paths, prepare_data, train, write_record
+from benchmarks.common import (
+    REPO,
+    bench_env,
+    command_line,
+    dstk,
+    free_port,
+    output_paths,
+    prepare_data,
+    train,
+    write_record,
+)
 
 LLAMA2_7B_BLOCK = {
     "architecture": "llama",
@@ -51,6 +69,7 @@ def main() -> None:
         "--ranks", type=int, default=None, help="ranks on this node (default: as --cluster local)"
     )
     ap.add_argument("--cluster", default="local")
+    ap.add_argument("--zero-stage", type=int, default=1)
     ap.add_argument(
         "--precision", default=None, help="default: what --cluster computes fastest (bf16 on a GPU)"
     )
@@ -58,7 +77,9 @@ def main() -> None:
     ap.add_argument(
         "--profile", action="store_true", help="DeepSpeed's wall-clock breakdown and FLOPs profiler"
     )
+    ap.add_argument("--bare", action="store_true", help="also the bare DeepSpeed loop, for dstk's overhead")
     ap.add_argument("--out-dir", type=Path, default=None)
+    ap.add_argument("--tag", default="hf_step", help="name of the result files")
     args = ap.parse_args()
     name = "tiny-llama" if args.tiny else "llama2-7b-block"
     model = {"name": f"{name}-x{args.layers}", **(TINY if args.tiny else LLAMA2_7B_BLOCK)}
@@ -78,7 +99,7 @@ def main() -> None:
 
             args.precision = default_precision(load_cluster(args.cluster))
         layout = [
-            "--zero-stage", "1", "--precision", args.precision, "--recompute", "none",
+            "--zero-stage", str(args.zero_stage), "--precision", args.precision, "--recompute", "none",
             "--micro-batch", str(args.micro_batch), "--global-batch", str(args.micro_batch * args.ranks),
         ]  # fmt: skip
         job = ["--model", str(model_file), "--cluster", args.cluster, "--nodes", "1"]
@@ -101,6 +122,7 @@ def main() -> None:
             config_update={"wall_clock_breakdown": True, "steps_per_print": 5} if args.profile else None,
         )
         log = (tmp / "run" / "launch.log").read_text().splitlines()
+        bare = _bare_periods(tmp, model_file, data, args.steps, args.ranks, env) if args.bare else None
     profile = [
         line for line in log if "time (ms)" in line or "fwd latency" in line or "Flops Profiler" in line
     ]
@@ -121,8 +143,15 @@ def main() -> None:
         "peak_memory_bytes": summary["peak_memory_bytes"],
         "losses": summary["losses"],
         "profile": profile,
+        "trend": trend(summary["step_times_s"][WARMUP:]),
+        "step_periods_s": summary["step_periods_s"],
     }
-    paths = output_paths("hf_step", args.out_dir)
+    if bare is not None:
+        ours = [p for p in summary["step_periods_s"][WARMUP:] if p is not None]
+        record["bare_step_periods_s"] = bare
+        theirs = [p for p in bare[WARMUP:] if p is not None]
+        record["dstk_over_bare"] = statistics.median(ours) / statistics.median(theirs)
+    paths = output_paths(args.tag, args.out_dir)
     write_record(paths["json"], record)
     peak = max(summary["peak_memory_bytes"])
     lines = [
@@ -137,6 +166,13 @@ def main() -> None:
         f"| MFU | {mfu:.3f} | {predicted['mfu']:.3f} | {mfu / predicted['mfu']:.2f} |",
         f"| peak memory per rank (GB) | {peak / 1e9:.2f} | {record['predicted_memory_bytes'] / 1e9:.2f} | "
         f"{peak / record['predicted_memory_bytes']:.2f} |",
+        f"Trend after warm-up: slope {record['trend']['slope_per_step']:+.4f} of the median per step, last 10 "
+        f"over first 10 ×{record['trend']['last_over_first']:.3f}"
+        + (
+            f"; dstk train / bare DeepSpeed loop (median step period) ×{record['dstk_over_bare']:.3f}"
+            if bare
+            else ""
+        ),
         "",
         "Every step (s): " + ", ".join(f"{t:.3f}" for t in summary["step_times_s"]),
         "",
@@ -146,6 +182,46 @@ def main() -> None:
     ]
     paths["md"].write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+WARMUP = 2
+"""Steps left out of the trend and the overhead ratio (JIT, allocator, lazily created optimizer state)."""
+
+
+def trend(times: list[float]) -> dict[str, float]:
+    """Least-squares slope of the step times relative to their median (per step), and the median of the last
+    10 over the first 10: a run whose steps grow shows both above 0 and 1."""
+    n = len(times)
+    if n < 3:
+        return {"slope_per_step": 0.0, "last_over_first": 1.0}
+    mean_x, mean_y = (n - 1) / 2, sum(times) / n
+    slope = sum((i - mean_x) * (t - mean_y) for i, t in enumerate(times)) / sum(
+        (i - mean_x) ** 2 for i in range(n)
+    )
+    k = min(10, n // 2)
+    return {
+        "slope_per_step": slope / statistics.median(times),
+        "last_over_first": statistics.median(times[-k:]) / statistics.median(times[:k]),
+    }
+
+
+def _bare_periods(
+    tmp: Path, model_file: Path, data: Path, steps: int, ranks: int, env: dict
+) -> list[float | None]:
+    """The same config, model and data through benchmarks/minimal_loop.py (no dstk in the loop)."""
+    out = tmp / "bare.json"
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(ranks)]
+    cmd += [
+        "--master_port",
+        str(free_port()),
+        "--no_local_rank",
+        str(REPO / "benchmarks" / "minimal_loop.py"),
+    ]
+    cmd += [str(model_file), str(tmp / "run" / "ds_config.json"), str(data), str(steps), str(out), str(steps)]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"the bare loop failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return json.loads(out.read_text())["step_periods_s"]
 
 
 if __name__ == "__main__":

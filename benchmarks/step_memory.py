@@ -191,7 +191,20 @@ def main() -> int:
                 *layout,
             ]
             cfg, out = t / f"z{stage}.json", t / f"z{stage}.out.json"
-            dstk("config", *common, "--nodes", "1", "--gpus-per-node", "2", "-o", str(cfg), env=env)
+            # the monitors' logs under the temporary folder, not the working directory's logs/
+            dstk(
+                "config",
+                *common,
+                "--nodes",
+                "1",
+                "--gpus-per-node",
+                "2",
+                "--log-dir",
+                str(t / "logs"),
+                "-o",
+                str(cfg),
+                env=env,
+            )
             p = json.loads(dstk("estimate", *common, "--json", env=env).stdout)
             launch = ["launch", "--cluster", args.cluster, "--nodes", "1", "--gpus-per-node", "2"]
             launch += ["--run-dir", str(t / f"z{stage}"), "--master-port", str(free_port()), "--"]
