@@ -11,9 +11,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from toolkit.commands import OneLineParser, _choices
+from toolkit.commands import OneLineParser, _choices, _help
 
 SOURCE = "data prepare"
+ACTIONS = {
+    "generate": "write the generated demo corpus (JSONL per domain)",
+    "prepare": "clean, filter, deduplicate, mix, tokenize and pack text files",
+}
+"""`dstk data ACTION`: the help of each action, and what `dstk data` alone lists."""
 
 
 def _option_models() -> tuple[Any, ...]:
@@ -24,6 +29,11 @@ def _option_models() -> tuple[Any, ...]:
 
 def _flag(name: str) -> str:
     return f"--{name.replace('_', '-')}"
+
+
+def _field_help(field: Any) -> str | None:
+    """A pydantic field's docstring with its default, as argparse help (a literal % escaped)."""
+    return _help(f"{field.description.rstrip('.')} (default: {field.default})")
 
 
 def _add_model_flags(group: Any, model: Any, exclude: tuple[str, ...] = ()) -> None:
@@ -37,19 +47,28 @@ def _add_model_flags(group: Any, model: Any, exclude: tuple[str, ...] = ()) -> N
             type=kind,
             choices=choices,
             metavar=None if choices else ("N" if kind is int else "X"),
-            help=f"{field.description.rstrip('.')} (default: {field.default})",
+            help=_field_help(field),
         )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from toolkit.data.options import PrepareOptions
 
-    sub = parser.add_subparsers(dest="data_verb", metavar="ACTION", required=True, parser_class=OneLineParser)
-    gen = sub.add_parser("generate", help="write the generated demo corpus (JSONL per domain)")
-    gen.add_argument("--out", type=Path, required=True, metavar="DIR")
-    gen.add_argument("--docs-per-domain", type=int, default=2000, metavar="N")
-    gen.add_argument("--seed", type=int, default=0)
-    prep = sub.add_parser("prepare", help="clean, filter, deduplicate, mix, tokenize and pack text files")
+    # not required=True: argparse would say only "required: ACTION"; run() lists the actions instead
+    sub = parser.add_subparsers(dest="data_verb", metavar="ACTION", parser_class=OneLineParser)
+    gen = sub.add_parser("generate", help=ACTIONS["generate"], description=ACTIONS["generate"])
+    gen.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="directory for web.jsonl, code.jsonl, books.jsonl",
+    )
+    gen.add_argument(
+        "--docs-per-domain", type=int, default=2000, metavar="N", help="documents per domain (default: 2000)"
+    )
+    gen.add_argument("--seed", type=int, default=0, help="generator seed (default: 0)")
+    prep = sub.add_parser("prepare", help=ACTIONS["prepare"], description=ACTIONS["prepare"])
     prep.add_argument(
         "--input",
         type=Path,
@@ -85,19 +104,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="share of documents held out, chosen by a hash of their text (default: 0.02)",
     )
     fields = PrepareOptions.model_fields
-    shard = fields["max_shard_mb"]
+    prep.add_argument("--max-shard-mb", type=int, metavar="MB", help=_field_help(fields["max_shard_mb"]))
     prep.add_argument(
-        "--max-shard-mb",
-        type=int,
-        metavar="MB",
-        help=f"{shard.description.rstrip('.')} (default: {shard.default})",
-    )
-    sample = fields["tokenizer_sample_mb"]
-    prep.add_argument(
-        "--tokenizer-sample-mb",
-        type=float,
-        metavar="MB",
-        help=f"{sample.description.rstrip('.')} (default: {sample.default})",
+        "--tokenizer-sample-mb", type=float, metavar="MB", help=_field_help(fields["tokenizer_sample_mb"])
     )
     clean = prep.add_argument_group("cleaning and filters")
     clean.add_argument(
@@ -106,7 +115,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="regexes, one per line, replacing the default boilerplate rules (cookie policy, all rights reserved, ...)",
     )
-    clean.add_argument("--languages", metavar="LIST", help=f"e.g. en,de. {fields['languages'].description}")
+    clean.add_argument(
+        "--languages", metavar="LIST", help=_help(f"e.g. en,de. {fields['languages'].description}")
+    )
     quality, dedup = _option_models()
     _add_model_flags(clean, quality)
     _add_model_flags(prep.add_argument_group("deduplication"), dedup)
@@ -162,6 +173,9 @@ def prepare_options(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     from toolkit.errors import UserError
 
+    if args.data_verb is None:
+        actions = "; ".join(f"{name}: {what}" for name, what in ACTIONS.items())
+        raise UserError(f"ACTION: give one ({actions}); dstk data ACTION --help for its flags")
     if args.data_verb == "generate":
         from toolkit.data.corpus import write_corpus
 
