@@ -88,7 +88,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "for dstk train --token-budget",
     )
     which = prep.add_mutually_exclusive_group(required=True)
-    which.add_argument("--tokenizer", type=Path, metavar="DIR", help="a local HF tokenizer directory")
+    which.add_argument(
+        "--tokenizer",
+        type=Path,
+        metavar="DIR",
+        help="a local HF tokenizer directory holding tokenizer.json (e.g. another dataset's DIR/tokenizer); "
+        "never looked up on the Hub",
+    )
     which.add_argument(
         "--train-tokenizer",
         type=int,
