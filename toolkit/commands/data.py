@@ -77,7 +77,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="JSONL or text files, or directories of them; the domain is a line's `domain` field, else the file stem",
     )
-    prep.add_argument("--out", type=Path, required=True, metavar="DIR")
+    prep.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="output directory (train/, validation/, tokenizer/, manifest.json); not inside an --input directory",
+    )
+    prep.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the prepared dataset already in --out (the old one stays until the new one is complete)",
+    )
     prep.add_argument("--seq-length", type=int, default=128, metavar="N", help="tokens per training sequence")
     prep.add_argument(
         "--no-pack",
@@ -183,14 +194,9 @@ def run(args: argparse.Namespace) -> int:
         actions = "; ".join(f"{name}: {what}" for name, what in ACTIONS.items())
         raise UserError(f"ACTION: give one ({actions}); dstk data ACTION --help for its flags")
     if args.data_verb == "generate":
-        from toolkit.data.corpus import write_corpus
-
-        if args.docs_per_domain <= 0:
-            raise UserError("--docs-per-domain: must be positive")
-        for path in write_corpus(args.out, args.docs_per_domain, args.seed):
-            print(f"wrote {path}")
-        return 0
+        return _generate(args)
     from toolkit.data.prepare import prepare
+    from toolkit.data.progress import Console
 
     if args.seq_length <= 1:
         raise UserError(f"--seq-length: {args.seq_length} must be at least 2")
@@ -205,6 +211,8 @@ def run(args: argparse.Namespace) -> int:
         validation_fraction=args.validation_fraction,
         seed=args.seed,
         options=prepare_options(args),
+        overwrite=args.overwrite,
+        progress=Console(),
     )
     dropped = ", ".join(f"{n} {reason}" for reason, n in manifest["dropped"].items() if n) or "none"
     kept = sum(manifest["documents"].values())
@@ -213,9 +221,24 @@ def run(args: argparse.Namespace) -> int:
         if manifest["packing"] == "concat"
         else f"of up to {args.seq_length} tokens"
     )
+    bad = sum(manifest["bad_input"].values())
+    unusable = f"; {bad} unusable input lines or files (manifest.json bad_input_files)" if bad else ""
     print(
         f"wrote {args.out}: {manifest['rows']['train']} training and {manifest['rows']['validation']} validation "
         f"sequences {size}, vocabulary {manifest['vocab_size']}; "
-        f"{kept} of {manifest['stages'][0]['in']} documents kept (dropped: {dropped})"
+        f"{kept} of {manifest['stages'][0]['in']} documents kept (dropped: {dropped}){unusable}"
     )
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from toolkit.data.corpus import write_corpus
+    from toolkit.data.paths import create_dir
+    from toolkit.errors import UserError
+
+    if args.docs_per_domain <= 0:
+        raise UserError("--docs-per-domain: must be positive")
+    create_dir(args.out, "--out")
+    for path in write_corpus(args.out, args.docs_per_domain, args.seed):
+        print(f"wrote {path}")
     return 0
