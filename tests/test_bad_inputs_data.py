@@ -40,6 +40,8 @@ def area(tmp_path_factory) -> Path:
         validation_fraction=0.1,
     )
     (root / "emptydir").mkdir()
+    (root / "other").mkdir()
+    (root / "other" / "manifest.json").write_text('{"not": "a dstk dataset"}\n')
     (root / "file.json").write_text("{}\n")
     good = json.dumps({"text": WORDS})
     (root / "bad.jsonl").write_bytes(f"{good}\n{{broken\n".encode() + b'\xff\xfe bad\n{"title": "no text"}\n')
@@ -185,6 +187,12 @@ CASES: list[tuple[str, str, list[str], str]] = [
         "silent",
         _prepare("--input", "{area}/corpus", "--out", "{area}/dataset", "--train-tokenizer", "300"),
         r"--out: .*dataset already holds a prepared dataset .*; pass --overwrite to replace it",
+    ),
+    (
+        "prepare-out-holds-another-manifest",
+        "silent",
+        _prepare("--input", "{area}/corpus", "--out", "{area}/other", "--train-tokenizer", "300"),
+        r"--out: .*other already holds a manifest.json; pass --overwrite to replace it",
     ),
     (
         "prepare-out-inside-the-input",

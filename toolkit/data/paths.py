@@ -47,10 +47,12 @@ def check_out(out: Path, input_dirs: list[Path], overwrite: bool) -> None:
                 f"--out: {out} {inside} the --input directory {folder}, so a later run on {folder} would read "
                 "this dataset as text; choose an --out outside it"
             )
-    if is_dataset(out) and not overwrite:
+    if (
+        out / MANIFEST
+    ).exists() and not overwrite:  # a dataset's, or another tool's: either would be replaced
+        what = f"a prepared dataset ({MANIFEST}, {TOKENIZER}/, ...)" if is_dataset(out) else f"a {MANIFEST}"
         raise UserError(
-            f"--out: {out} already holds a prepared dataset ({MANIFEST}, {TOKENIZER}/, ...); pass --overwrite to "
-            "replace it, or choose another --out"
+            f"--out: {out} already holds {what}; pass --overwrite to replace it, or choose another --out"
         )
     if not out.exists():
         parent = next(p for p in out.absolute().parents if p.exists())
