@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,3 +48,19 @@ def dstk_process(
         cwd=cwd or REPO,
     )
     return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def parser_tree(
+    parser: argparse.ArgumentParser | None = None, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    """(words after `dstk`, parser) of the CLI and every verb and subverb under it, nested subparsers included
+    (`dstk data prepare`, `dstk checkpoint ls`)."""
+    if parser is None:
+        from toolkit.cli import build_parser
+
+        parser = build_parser()
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from parser_tree(sub, (*path, name))

@@ -397,7 +397,7 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "data-unwritable-output",
         ["data", "generate", "--out", "/proc/dstk-forbidden/raw", "--docs-per-domain", "10"],
-        r"/proc/dstk-forbidden: No such file or directory",
+        r"--out: cannot create /proc/dstk-forbidden/raw",
     ),
     (
         "validate-missing-file",

@@ -51,6 +51,7 @@ def main() -> None:
         *sorted(str(p) for p in raw.glob("*.jsonl")),
         "--out",
         str(data),
+        "--overwrite",  # a rerun of the demo replaces its own earlier dataset
         "--seq-length",
         "128",
         "--train-tokenizer",

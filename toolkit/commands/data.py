@@ -11,9 +11,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from toolkit.commands import OneLineParser, _choices
+from toolkit.commands import OneLineParser, _choices, _help
 
 SOURCE = "data prepare"
+ACTIONS = {
+    "generate": "write the generated demo corpus (JSONL per domain)",
+    "prepare": "clean, filter, deduplicate, mix, tokenize and pack text files",
+}
+"""`dstk data ACTION`: the help of each action, and what `dstk data` alone lists."""
 
 
 def _option_models() -> tuple[Any, ...]:
@@ -24,6 +29,11 @@ def _option_models() -> tuple[Any, ...]:
 
 def _flag(name: str) -> str:
     return f"--{name.replace('_', '-')}"
+
+
+def _field_help(field: Any) -> str | None:
+    """A pydantic field's docstring with its default, as argparse help (a literal % escaped)."""
+    return _help(f"{field.description.rstrip('.')} (default: {field.default})")
 
 
 def _add_model_flags(group: Any, model: Any, exclude: tuple[str, ...] = ()) -> None:
@@ -37,19 +47,28 @@ def _add_model_flags(group: Any, model: Any, exclude: tuple[str, ...] = ()) -> N
             type=kind,
             choices=choices,
             metavar=None if choices else ("N" if kind is int else "X"),
-            help=f"{field.description.rstrip('.')} (default: {field.default})",
+            help=_field_help(field),
         )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from toolkit.data.options import PrepareOptions
 
-    sub = parser.add_subparsers(dest="data_verb", metavar="ACTION", required=True, parser_class=OneLineParser)
-    gen = sub.add_parser("generate", help="write the generated demo corpus (JSONL per domain)")
-    gen.add_argument("--out", type=Path, required=True, metavar="DIR")
-    gen.add_argument("--docs-per-domain", type=int, default=2000, metavar="N")
-    gen.add_argument("--seed", type=int, default=0)
-    prep = sub.add_parser("prepare", help="clean, filter, deduplicate, mix, tokenize and pack text files")
+    # not required=True: argparse would say only "required: ACTION"; run() lists the actions instead
+    sub = parser.add_subparsers(dest="data_verb", metavar="ACTION", parser_class=OneLineParser)
+    gen = sub.add_parser("generate", help=ACTIONS["generate"], description=ACTIONS["generate"])
+    gen.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="directory for web.jsonl, code.jsonl, books.jsonl",
+    )
+    gen.add_argument(
+        "--docs-per-domain", type=int, default=2000, metavar="N", help="documents per domain (default: 2000)"
+    )
+    gen.add_argument("--seed", type=int, default=0, help="generator seed (default: 0)")
+    prep = sub.add_parser("prepare", help=ACTIONS["prepare"], description=ACTIONS["prepare"])
     prep.add_argument(
         "--input",
         type=Path,
@@ -58,7 +77,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="JSONL or text files, or directories of them; the domain is a line's `domain` field, else the file stem",
     )
-    prep.add_argument("--out", type=Path, required=True, metavar="DIR")
+    prep.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="output directory (train/, validation/, tokenizer/, manifest.json); not inside an --input directory",
+    )
+    prep.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the prepared dataset already in --out (the old one stays until the new one is complete)",
+    )
     prep.add_argument("--seq-length", type=int, default=128, metavar="N", help="tokens per training sequence")
     prep.add_argument(
         "--no-pack",
@@ -69,7 +99,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "for dstk train --token-budget",
     )
     which = prep.add_mutually_exclusive_group(required=True)
-    which.add_argument("--tokenizer", type=Path, metavar="DIR", help="a local HF tokenizer directory")
+    which.add_argument(
+        "--tokenizer",
+        type=Path,
+        metavar="DIR",
+        help="a local HF tokenizer directory holding tokenizer.json (e.g. another dataset's DIR/tokenizer); "
+        "never looked up on the Hub",
+    )
     which.add_argument(
         "--train-tokenizer",
         type=int,
@@ -85,19 +121,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="share of documents held out, chosen by a hash of their text (default: 0.02)",
     )
     fields = PrepareOptions.model_fields
-    shard = fields["max_shard_mb"]
+    prep.add_argument("--max-shard-mb", type=int, metavar="MB", help=_field_help(fields["max_shard_mb"]))
     prep.add_argument(
-        "--max-shard-mb",
-        type=int,
-        metavar="MB",
-        help=f"{shard.description.rstrip('.')} (default: {shard.default})",
-    )
-    sample = fields["tokenizer_sample_mb"]
-    prep.add_argument(
-        "--tokenizer-sample-mb",
-        type=float,
-        metavar="MB",
-        help=f"{sample.description.rstrip('.')} (default: {sample.default})",
+        "--tokenizer-sample-mb", type=float, metavar="MB", help=_field_help(fields["tokenizer_sample_mb"])
     )
     clean = prep.add_argument_group("cleaning and filters")
     clean.add_argument(
@@ -106,7 +132,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="regexes, one per line, replacing the default boilerplate rules (cookie policy, all rights reserved, ...)",
     )
-    clean.add_argument("--languages", metavar="LIST", help=f"e.g. en,de. {fields['languages'].description}")
+    clean.add_argument(
+        "--languages", metavar="LIST", help=_help(f"e.g. en,de. {fields['languages'].description}")
+    )
     quality, dedup = _option_models()
     _add_model_flags(clean, quality)
     _add_model_flags(prep.add_argument_group("deduplication"), dedup)
@@ -162,15 +190,13 @@ def prepare_options(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     from toolkit.errors import UserError
 
+    if args.data_verb is None:
+        actions = "; ".join(f"{name}: {what}" for name, what in ACTIONS.items())
+        raise UserError(f"ACTION: give one ({actions}); dstk data ACTION --help for its flags")
     if args.data_verb == "generate":
-        from toolkit.data.corpus import write_corpus
-
-        if args.docs_per_domain <= 0:
-            raise UserError("--docs-per-domain: must be positive")
-        for path in write_corpus(args.out, args.docs_per_domain, args.seed):
-            print(f"wrote {path}")
-        return 0
+        return _generate(args)
     from toolkit.data.prepare import prepare
+    from toolkit.data.progress import Console
 
     if args.seq_length <= 1:
         raise UserError(f"--seq-length: {args.seq_length} must be at least 2")
@@ -185,6 +211,8 @@ def run(args: argparse.Namespace) -> int:
         validation_fraction=args.validation_fraction,
         seed=args.seed,
         options=prepare_options(args),
+        overwrite=args.overwrite,
+        progress=Console(),
     )
     dropped = ", ".join(f"{n} {reason}" for reason, n in manifest["dropped"].items() if n) or "none"
     kept = sum(manifest["documents"].values())
@@ -193,9 +221,24 @@ def run(args: argparse.Namespace) -> int:
         if manifest["packing"] == "concat"
         else f"of up to {args.seq_length} tokens"
     )
+    bad = sum(manifest["bad_input"].values())
+    unusable = f"; {bad} unusable input lines or files (manifest.json bad_input_files)" if bad else ""
     print(
         f"wrote {args.out}: {manifest['rows']['train']} training and {manifest['rows']['validation']} validation "
         f"sequences {size}, vocabulary {manifest['vocab_size']}; "
-        f"{kept} of {manifest['stages'][0]['in']} documents kept (dropped: {dropped})"
+        f"{kept} of {manifest['stages'][0]['in']} documents kept (dropped: {dropped}){unusable}"
     )
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from toolkit.data.corpus import write_corpus
+    from toolkit.data.paths import create_dir
+    from toolkit.errors import UserError
+
+    if args.docs_per_domain <= 0:
+        raise UserError("--docs-per-domain: must be positive")
+    create_dir(args.out, "--out")
+    for path in write_corpus(args.out, args.docs_per_domain, args.seed):
+        print(f"wrote {path}")
     return 0

@@ -17,12 +17,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tag", metavar="TAG", help="checkpoint to export (default: the newest complete one)"
     )
     parser.add_argument(
-        "--tokenizer", type=Path, metavar="DIR", help="copy this tokenizer next to the weights"
+        "--tokenizer",
+        type=Path,
+        metavar="DIR",
+        help="save this local tokenizer directory (e.g. DATA/tokenizer) next to the weights",
     )
     parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="output directory")
 
 
 def run(args: argparse.Namespace) -> int:
+    from toolkit.data.tokenizer import check_tokenizer_dir
+
+    if args.tokenizer is not None:  # before the weights are consolidated: a typo costs milliseconds
+        check_tokenizer_dir(args.tokenizer)
     from toolkit.run.export import export
 
     out = export(model_from_args(args), args.checkpoint, args.out, args.tag, args.tokenizer)

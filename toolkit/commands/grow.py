@@ -112,6 +112,11 @@ def _grow(args: argparse.Namespace) -> int:
     from toolkit.plan.load import load_model
     from toolkit.plan.query import PlanQuery
 
+    # before any weights are read: a typo costs milliseconds, not a half-written --out
+    if args.tokenizer is not None:
+        from toolkit.data.tokenizer import check_tokenizer_dir
+
+        check_tokenizer_dir(args.tokenizer)
     target = load_model(args.to)
     from_model = load_model(args.from_model) if args.from_model else None
     args.cluster = args.cluster or "cpu"

@@ -83,7 +83,7 @@ def pack(token_streams: Iterator[list[int]], seq_length: int, eos: int, pad: int
 
 def write_split(
     store: TokenStore,
-    order: np.ndarray,
+    order: Iterable[int],
     dest: Path,
     scratch: Path,
     seq_length: int,
