@@ -48,9 +48,9 @@ export TORCH_CUDA_ARCH_LIST=9.0
 if [ "$SMOKE" = 1 ]; then
     export CUDA_VISIBLE_DEVICES= DS_ACCELERATOR=cpu OMP_NUM_THREADS=1
     export TORCH_EXTENSIONS_DIR=$REPO/.venv/torch_extensions
-    HF=(--tiny --layers 1 --steps 8) PATHS_STEPS=6
+    HF=(--tiny --layers 1 --steps 8) PATHS_STEPS=6 PLAN_MODEL=gpt2
 else
-    HF=(--layers 4 --steps 50) PATHS_STEPS=12
+    HF=(--layers 4 --steps 50) PATHS_STEPS=12 PLAN_MODEL=llama-7b
 fi
 
 # step NAME TIMEOUT_S COMMAND...: its output in logs/NAME.log; its exit status and seconds in steps.tsv
@@ -81,7 +81,7 @@ for b in (FusedAdamBuilder(), CPUAdamBuilder()):
     t = time.time(); b.load(); print(b.name, 'built in', round(time.time() - t, 1), 's', flush=True)" &
 OPS=$!
 step env 120 "$PY" -m toolkit.cli env
-step plan 60 "$PY" -m toolkit.cli plan --model llama-7b --cluster local --json
+step plan 60 "$PY" -m toolkit.cli plan --model "$PLAN_MODEL" --cluster local --json
 wait "$OPS"
 step calibrate 240 "$PY" -m toolkit.cli calibrate --json
 step demo 300 bash -c "cd '$WORK' && '$PY' -m toolkit.demo"

@@ -29,6 +29,13 @@ def _log(work: Path, name: str) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
+def _comparison(text: str) -> list[str]:
+    """The "Measured vs predicted" table dstk train prints at the end of a run, and the lines under it."""
+    lines = text.splitlines()
+    start = max((i for i, ln in enumerate(lines) if ln.startswith("Measured vs predicted")), default=None)
+    return [] if start is None else lines[start : start + 9]
+
+
 def dmon_summary(text: str) -> dict[str, object]:
     """Per column of `nvidia-smi dmon -s pucvm -o T` (header line '# Time gpu pwr gtemp mtemp sm mem ...'): the
     minimum, median and maximum over the samples, and how many samples had a non-zero throttle counter."""
@@ -82,7 +89,7 @@ def main() -> int:
         "## The demo (measured vs predicted)",
         "",
         "```",
-        *[ln for ln in _log(work, "demo").splitlines() if "Measured vs" in ln or ln.startswith("  ")][-14:],
+        *_comparison(_log(work, "demo")),
         "```",
     ]
     for stage in (1, 3):
@@ -92,7 +99,8 @@ def main() -> int:
         pred = r["predicted"]["step_time_s"]
         lines += [
             "",
-            f"## Llama-2-7B block × {r['model']['n_layers']}, ZeRO-{stage}, {r['precision']}, against `--cluster {r['cluster']}`",
+            f"## {r['model']['name']} (seq {r['model']['seq_length']}), ZeRO-{stage}, {r['precision']}, against "
+            f"`--cluster {r['cluster']}`",
             "",
             f"- step time (median after warm-up): {r['measured_step_time_s']:.4f} s measured, {pred:.4f} s "
             f"predicted: **×{r['measured_step_time_s'] / pred:.2f}** (goal ×0.8–1.25); MFU {r['measured_mfu']:.3f}",

@@ -89,7 +89,7 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "params-not-a-number",
         ["estimate", "--params", "lots", "--cluster", "cpu"],
-        r"argument --params: invalid float",
+        r"argument --params: .lots. is not a parameter count; write e.g. 175e9, 7B or 1.3T",
     ),
     (
         "one-expert",
@@ -109,7 +109,7 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "seq-length-override-zero",
         ["estimate", "--model", "gpt2", "--seq-length", "0", "--cluster", "cpu"],
-        r"seq_length: input should be greater than 0",
+        r"^dstk estimate: error: --seq-length: input should be greater than 0 \(got 0\)",
     ),
     # cluster descriptions
     (
@@ -145,7 +145,7 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "efficiency-above-one",
         ["estimate", "--model", "gpt2", "--cluster", "cpu", "--gpu-matmul-efficiency", "1.5"],
-        r"gpu_matmul_efficiency: input should be less than or equal to 1",
+        r"^dstk estimate: error: --gpu-matmul-efficiency: input should be less than or equal to 1 \(got 1.5\)",
     ),
     # layouts
     (
@@ -326,6 +326,7 @@ CASES: list[tuple[str, list[str], str]] = [
             "--run-dir",
             "{out}",
             "--dry-run",
+            *("--", "--model", TINY, "--steps", "5"),
         ],
         r"--config: train_batch_size: 30 is not a positive multiple",
     ),
@@ -387,12 +388,12 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "config-unwritable-output",
         ["config", "--model", "gpt2", "--cluster", "cpu", "-o", "/proc/dstk-forbidden/ds.json"],
-        r"/proc/dstk-forbidden: No such file or directory",
+        r"^dstk config: error: -o: cannot create /proc/dstk-forbidden/ds.json: No such file or directory",
     ),
     (
         "plan-unwritable-report",
         ["plan", "--model", "gpt2", "--cluster", "cpu", "--report", "/proc/dstk-forbidden/report"],
-        r"/proc/dstk-forbidden: No such file or directory",
+        r"^dstk plan: error: --report: cannot create /proc/dstk-forbidden/report: No such file or directory",
     ),
     (
         "data-unwritable-output",
@@ -413,7 +414,7 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "train-missing-config",
         ["train", "--model", TINY, "--config", f"{BAD}/absent.json", "--run-dir", "{out}"],
-        r"absent.json: file not found",
+        r"--config: .*absent.json not found",
     ),
     (
         "train-no-steps",
@@ -499,7 +500,7 @@ CASES: list[tuple[str, list[str], str]] = [
             "--run-dir",
             "{out}",
         ],
-        r"--init-from: .* is not a directory",
+        r"--init-from: .*absent not found",
     ),
     (
         "train-init-from-other-model",
@@ -533,7 +534,7 @@ CASES: list[tuple[str, list[str], str]] = [
             "--run-dir",
             "{out}",
         ],
-        r"--data: .* is not a directory",
+        r"--data: .*absent not found",
     ),
     # hostfiles and launches
     (
@@ -640,7 +641,7 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "export-missing-checkpoint",
         ["export", "--model", TINY, "--checkpoint", f"{BAD}/absent", "--out", "{out}"],
-        r"--checkpoint: .* is not a directory",
+        r"--checkpoint: .*absent not found",
     ),
     (
         "export-no-complete-checkpoint",
@@ -653,6 +654,161 @@ CASES: list[tuple[str, list[str], str]] = [
         r"holds no complete checkpoint",
     ),
 ]
+
+
+LAUNCH = ["launch", "--cluster", "cpu", "--config", f"{BAD}/micro1.json", "--run-dir", "{out}"]
+TRAIN = ["--model", TINY, "--steps", "5"]
+# the first hour (#33): each class of mistake a newcomer made, caught before any rank starts or file is written
+CASES += [
+    # help and flags
+    (
+        "verb-flag-misspelt-named-by-its-verb",
+        ["estimate", "--model", TINY, "--cluster", "cpu", "--micro-bach", "2"],
+        r"^dstk estimate: error: unrecognized arguments: --micro-bach 2 \(did you mean: --micro-bach → --micro-batch\?\)",
+    ),
+    (
+        "calibrate-unknown-flag",
+        ["calibrate", "--bogus"],
+        r"^dstk calibrate: error: unrecognized arguments: --bogus",
+    ),
+    (
+        "params-with-a-bad-suffix",
+        ["estimate", "--params", "7X", "--cluster", "cpu"],
+        r"'7X' is not a parameter count",
+    ),
+    # paths taken for something else
+    (
+        "model-is-a-deepspeed-config",
+        ["estimate", "--model", f"{REPO}/ds_configs/zero3_llama7b_1x8_a100_80g.json", "--cluster", "cpu"],
+        r"^dstk estimate: error: --model: .* looks like a DeepSpeed config \(train_batch_size.*give it as --config",
+    ),
+    (
+        "model-preset-in-other-case",
+        ["estimate", "--model", "LLaMA-7B", "--cluster", "cpu"],
+        r"did you mean llama-7b\?",
+    ),
+    (
+        "config-output-is-a-folder",
+        ["config", "--model", "gpt2", "--cluster", "cpu", "-o", str(BAD)],
+        r"^dstk config: error: -o: .*tests/bad is a folder; give a file name",
+    ),
+    (
+        "plan-report-is-a-folder",
+        ["plan", "--model", "gpt2", "--cluster", "cpu", "--report", str(BAD)],
+        r"^dstk plan: error: --report: .*tests/bad is a folder",
+    ),
+    (
+        "launch-slurm-script-is-a-folder",
+        [*LAUNCH, "--slurm", str(BAD), "--", *TRAIN],
+        r"^dstk launch: error: --slurm: .*tests/bad is a folder",
+    ),
+    (
+        "launch-config-is-a-folder",
+        ["launch", "--cluster", "cpu", "--config", str(BAD), "--run-dir", "{out}", "--dry-run", "--", *TRAIN],
+        r"^dstk launch: error: --config: .*tests/bad is a folder; expected a DeepSpeed JSON config",
+    ),
+    (
+        "export-a-tag-folder-as-the-checkpoint-folder",
+        ["export", "--model", TINY, "--checkpoint", f"{BAD}/ckpt/step00000010", "--out", "{out}"],
+        r"is one checkpoint, not a folder of them; give --checkpoint .*ckpt --tag step00000010",
+    ),
+    (
+        "convert-a-tag-that-is-not-there",
+        ["checkpoint", "convert", "--checkpoint", f"{BAD}/ckpt", "--tag", "step00000099", "--out", "{out}"],
+        r"^dstk checkpoint: error: --tag: .*ckpt has no checkpoint step00000099",
+    ),
+    # checked before any rank starts or a script is written
+    (
+        "launch-train-flag-misspelt",
+        [*LAUNCH, "--dry-run", "--", "--model", TINY, "--stepz", "100"],
+        r"^dstk launch: after --: dstk train: error: unrecognized arguments: --stepz 100 \(did you mean: --stepz → --steps\?\)",
+    ),
+    (
+        "slurm-script-not-written-for-a-train-typo",
+        [*LAUNCH, "--slurm", "{out}", "--", "--model", TINY, "--stepz", "100"],
+        r"unrecognized arguments: --stepz",
+    ),
+    (
+        "launch-data-never-prepared",
+        [*LAUNCH, "--dry-run", "--", *TRAIN, "--data", f"{BAD}/raw_corpus"],
+        r"^dstk launch: error: --data: .*raw_corpus has no manifest.json \(it holds docs.jsonl\); make it with dstk data prepare",
+    ),
+    (
+        "launch-data-vocabulary-larger-than-the-model",
+        [*LAUNCH, "--dry-run", "--", *TRAIN, "--data", f"{BAD}/data_big_vocab"],
+        r"--data: tokenizer vocabulary 99999 exceeds the model's vocab_size 512; prepare the data with --train-tokenizer 512",
+    ),
+    (
+        "launch-checkpoint-dir-unwritable",
+        [*LAUNCH, "--dry-run", "--", *TRAIN, "--checkpoint-dir", "/proc/dstk-ckpt"],
+        r"^dstk launch: error: --checkpoint-dir: cannot create /proc/dstk-ckpt",
+    ),
+    (
+        "launch-checkpoint-dir-is-a-file",
+        [*LAUNCH, "--dry-run", "--", *TRAIN, "--checkpoint-dir", f"{BAD}/micro1.json"],
+        r"--checkpoint-dir: .*micro1.json is a file; give a folder",
+    ),
+    (
+        "launch-run-dir-unwritable",
+        [*LAUNCH, "--dry-run", "--", *TRAIN, "--run-dir", "/proc/dstk-run"],
+        r"^dstk launch: error: --run-dir: cannot create /proc/dstk-run",
+    ),
+    (
+        "launch-save-every-without-a-checkpoint-dir",
+        [*LAUNCH, "--dry-run", "--", *TRAIN, "--save-every", "2"],
+        r"--save-every: needs --checkpoint-dir",
+    ),
+    (
+        "launch-resume-without-a-checkpoint-dir",
+        [*LAUNCH, "--dry-run", "--", *TRAIN, "--resume", "auto"],
+        r"--resume: needs --checkpoint-dir",
+    ),
+    # flags named, not the preset they override
+    (
+        "nodes-negative-named-by-its-flag",
+        ["estimate", "--model", "gpt2", "--cluster", "dgx-a100-80g", "--nodes", "-2"],
+        r"^dstk estimate: error: --nodes: input should be greater than 0 \(got -2\)$",
+    ),
+    (
+        "gpus-zero-named-by-its-flag",
+        ["plan", "--model", "gpt2", "--cluster", "dgx-a100-80g", "--gpus-per-node", "0"],
+        r"^dstk plan: error: --gpus-per-node: input should be greater than 0",
+    ),
+]
+
+
+def test_launch_says_a_run_past_the_schedule_once_and_the_ranks_do_not_again(tmp_path: Path) -> None:
+    """`--steps` beyond the config's schedule trains on at the floor rate: said once, by dstk launch (the
+    ranks see DSTK_PREFLIGHT_DONE and stay quiet)."""
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(
+        '{"train_micro_batch_size_per_gpu": 1, "scheduler": {"type": "WarmupCosineLR", '
+        '"params": {"total_num_steps": 100, "warmup_num_steps": 1, "cos_min_ratio": 0.1}}}'
+    )
+    r = dstk(
+        "launch",
+        "--cluster",
+        "cpu",
+        "--config",
+        str(cfg),
+        "--run-dir",
+        str(tmp_path / "r"),
+        "--dry-run",
+        "--",
+        "--model",
+        TINY,
+        "--steps",
+        "200",
+    )
+    assert r.code == 0, r.err
+    assert (
+        r.err.count("runs past the config's schedule (total_num_steps 100): steps 101–200 train at 0.1") == 1
+    )
+
+
+def test_dstk_help_verb_is_the_verbs_help() -> None:
+    r = dstk("help", "estimate")
+    assert r.code == 0 and r.out.startswith("usage: dstk estimate")
 
 
 def test_catalogue_is_large() -> None:

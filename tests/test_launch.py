@@ -187,7 +187,10 @@ def test_multi_node_launch_writes_the_rank_environment_and_passes_the_ssh_port(t
     cfg.write_text('{"train_micro_batch_size_per_gpu": 1}')  # dstk launch validates it
     path = _cluster_file(tmp_path, ["n1", "n2"], ssh_port=2222, env={"FOO": "bar"})
     run_dir = tmp_path / "r"
-    r = dstk("launch", "--cluster", str(path), "--config", str(cfg), "--run-dir", str(run_dir), "--dry-run")
+    r = dstk(
+        *("launch", "--cluster", str(path), "--config", str(cfg), "--run-dir", str(run_dir), "--dry-run"),
+        *("--", "--model", "tiny-gpt2", "--steps", "1"),
+    )
     assert r.code == 0, r.err
     argv = shlex.split(r.out)
     assert argv[0] == f"DS_ENV_FILE={run_dir.resolve() / 'deepspeed_env'}"

@@ -105,3 +105,52 @@ def test_json_outputs_are_strict_and_the_jit_build_is_known(tmp_path: Path) -> N
     assert not built_op("deepspeed_shm_comm", {"TORCH_EXTENSIONS_DIR": str(tmp_path)})
     (tmp_path / "deepspeed_shm_comm" / "deepspeed_shm_comm.so").write_bytes(b"")
     assert built_op("deepspeed_shm_comm", {"TORCH_EXTENSIONS_DIR": str(tmp_path)})
+
+
+DATA = {"tokenizer_hash": "f450e47e8486146a", "seq_length": 64, "vocab_size": 512, "rows": 996, "path": "/a"}
+
+
+def test_a_resume_onto_other_data_is_refused_unless_asked(tmp_path: Path) -> None:
+    """The checkpoint's manifest records the data it was trained on: another tokenizer, packing or dataset is
+    refused in one line (`--new-data` continues the model on it); the same data under another path is fine."""
+    root = _checkpoint(tmp_path / "ckpt", 10, data=DATA)
+    check_resume(root, "auto", 20, 2, LAYOUT, MODEL, {**DATA, "path": "/elsewhere"})
+    for changed, pattern in [
+        ({"tokenizer_hash": "0123456789abcdef"}, r"tokenizer_hash f450e47e8486146a → 0123456789abcdef"),
+        ({"seq_length": 128}, r"seq_length 64 → 128"),
+        ({"rows": 10}, r"rows 996 → 10"),
+    ]:
+        with pytest.raises(UserError, match=rf"^--data: .*other data \({pattern}\).*--new-data") as err:
+            check_resume(root, "auto", 20, 2, LAYOUT, MODEL, {**DATA, **changed})
+        assert "\n" not in str(err.value)
+        check_resume(root, "auto", 20, 2, LAYOUT, MODEL, {**DATA, **changed}, new_data=True)
+
+
+def test_steps_past_the_schedule_are_said_and_within_it_are_not() -> None:
+    from toolkit.run.preflight import schedule_note
+
+    cfg = {"scheduler": {"params": {"total_num_steps": 100, "cos_min_ratio": 0.1}}}
+    assert schedule_note(100, cfg) is None and schedule_note(50, cfg) is None
+    note = schedule_note(200, cfg)
+    assert (
+        note is not None and "steps 101–200 train at 0.1 × the peak" in note and "--train-steps 200" in note
+    )
+    assert schedule_note(200, {}) is None  # no schedule: nothing assumed
+
+
+def test_a_checkpoint_folder_is_told_from_one_checkpoint(tmp_path: Path) -> None:
+    from toolkit.run.preflight import pick_checkpoint
+
+    root = _checkpoint(tmp_path / "ckpt", 10)
+    assert pick_checkpoint(root, None) == "step00000010"
+    with pytest.raises(
+        UserError,
+        match=r"is one checkpoint, not a folder of them; give --checkpoint .*ckpt --tag step00000010",
+    ):
+        pick_checkpoint(root / "step00000010", None)
+    with pytest.raises(
+        UserError, match=r"^--tag: .* has no checkpoint step00000099; complete ones: step00000010"
+    ):
+        pick_checkpoint(root, "step00000099")
+    with pytest.raises(UserError, match=r"^--checkpoint: .*absent not found"):
+        pick_checkpoint(tmp_path / "absent", None)

@@ -38,12 +38,6 @@ def test_readme_has_the_two_setup_commands() -> None:
     assert (REPO / ".ci" / "run").read_text().strip().endswith("exec make test")
 
 
-def test_every_verb_prints_its_help() -> None:
-    """argparse %-formats help text: a literal % in a field docstring must not break `dstk VERB --help`."""
-    for verb, parser in _verbs().items():
-        assert parser.format_help(), verb
-
-
 def _quick_start() -> list[str]:
     """The README's quick-start commands, continuation lines joined and comments dropped."""
     readme = (REPO / "README.md").read_text()

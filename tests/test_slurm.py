@@ -54,7 +54,7 @@ def _cluster(tmp_path: Path, nodes: int, **extra: object) -> Path:
 def _fake_bin(tmp_path: Path) -> Path:
     """`scontrol` prints $FAKE_HOSTS_FILE and records its argv; `deepspeed` records its argv (NUL-separated)."""
     bin_dir = tmp_path / "fakebin"
-    bin_dir.mkdir()
+    bin_dir.mkdir(exist_ok=True)
     (bin_dir / "scontrol").write_text(
         '#!/bin/sh\nfor a in "$@"; do printf \'%s\\0\' "$a"; done > "$SCONTROL_ARGV"\ncat "$FAKE_HOSTS_FILE"\n'
     )
@@ -91,16 +91,28 @@ def _no_canary(tmp_path: Path) -> None:
 def test_single_node_hostile_paths_and_arguments_reach_deepspeed_as_exact_words(
     tmp_path, monkeypatch
 ) -> None:
+    """Paths with shell syntax in them reach dstk train as exact words (dstk launch checks train's flags before
+    it writes the script, so they are real flags here), and arbitrary words reach a user's own script so."""
     monkeypatch.chdir(tmp_path)  # the script cds here; a relative `touch canary` would land here
     run_dir = tmp_path / "run dir;$(touch canary)`touch canary`#x%j"
+    train_dir = tmp_path / "train dir;$(touch canary)`touch canary`%j"
     cfg = tmp_path / "my cfg;$(touch canary).json"
     cfg.write_text('{"train_micro_batch_size_per_gpu": 1}')  # dstk launch validates it
     script = tmp_path / "job.sbatch"
-    extra = [w for word in HOSTILE_WORDS for w in ("--note", word)]
+    train = [
+        "--model",
+        "tiny-gpt2",
+        "--steps",
+        "5",
+        "--run-dir",
+        str(train_dir),
+        "--checkpoint-dir",
+        str(train_dir),
+    ]
     r = dstk(
         "launch", "--cluster", str(_cluster(tmp_path, 1)), "--config", str(cfg), "--run-dir", str(run_dir),
         "--slurm", str(script), "--time", "2-00:00:00", "--partition", "gpu", "--account", "proj-1",
-        "--", "--model", "tiny-gpt2", *extra,
+        "--", *train,
     )  # fmt: skip
     assert r.code == 0, r.err
     text = script.read_text()
@@ -127,11 +139,23 @@ def test_single_node_hostile_paths_and_arguments_reach_deepspeed_as_exact_words(
     assert _argv(tmp_path / "scontrol.argv") == ["show", "hostnames", "node[1-2]"]
     assert _argv(tmp_path / "deepspeed.argv") == [
         "--num_nodes", "1", "--num_gpus", "4", "--master_port", "29500",
-        "--no_local_rank", "--module", "toolkit.cli", "train", "--model", "tiny-gpt2", *extra,
+        "--no_local_rank", "--module", "toolkit.cli", "train", *train,
         "--config", str(cfg), "--cluster", str(run_dir / "cluster.yaml"),
     ]  # fmt: skip
     assert (run_dir / "hostfile").read_text() == "gpu-node-7 slots=4\n"
     assert (run_dir / "cluster.yaml").is_file()
+    _no_canary(tmp_path)
+
+    extra = [w for word in HOSTILE_WORDS for w in ("--note", word)]
+    user_script = str(tmp_path / "my train;$(touch canary).py")
+    r = dstk(
+        "launch", "--cluster", str(_cluster(tmp_path, 1)), "--run-dir", str(run_dir), "--slurm", str(script),
+        "--", user_script, *extra,
+    )  # fmt: skip
+    assert r.code == 0, r.err
+    proc = _run_script(tmp_path, script, ["gpu-node-7"])
+    assert proc.returncode == 0, proc.stderr
+    assert _argv(tmp_path / "deepspeed.argv")[-len(extra) - 1 :] == [user_script, *extra]
     _no_canary(tmp_path)
 
 
@@ -201,7 +225,7 @@ def test_hostile_hostnames_from_slurm_are_refused_before_anything_runs(tmp_path,
     script = tmp_path / "job.sbatch"
     r = dstk(
         "launch", "--cluster", str(_cluster(tmp_path, 2)), "--config", str(cfg),
-        "--run-dir", str(tmp_path / "run"), "--slurm", str(script),
+        "--run-dir", str(tmp_path / "run"), "--slurm", str(script), "--", "--model", "tiny-gpt2", "--steps", "5",
     )  # fmt: skip
     assert r.code == 0, r.err
     proc = _run_script(tmp_path, script, ["good-node", host])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -29,7 +30,52 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def reference() -> str:
+    """docs/cli.md: every verb's and subverb's help, as the parsers render it (the one source of the CLI's
+    documentation; tests/test_readme.py regenerates it and compares). Rendered at 100 columns whatever the
+    terminal, so the file does not depend on who generated it."""
+    import os
+
+    saved = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "100"
+    try:
+        parser = build_parser()
+        out = [
+            "# dstk command-line reference",
+            "",
+            "Generated from the parsers by `make docs` (`python -m toolkit.cli --reference > docs/cli.md`); do not edit.",
+            "Every verb takes `--help`; `dstk help VERB` is the same. Exit status: 0 ok, 2 bad input (one line on",
+            "stderr), 1 internal error.",
+            "",
+        ]
+        for path, sub in _pages(parser, ["dstk"]):
+            out += [f"## `{' '.join(path)}`", "", "```text", sub.format_help().rstrip(), "```", ""]
+        return "\n".join(out)
+    finally:
+        if saved is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = saved
+
+
+def _pages(
+    parser: argparse.ArgumentParser, path: list[str]
+) -> list[tuple[list[str], argparse.ArgumentParser]]:
+    found = [(path, parser)]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += _pages(sub, [*path, name])
+    return found
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv == ["--reference"]:  # docs/cli.md (make docs)
+        print(reference())
+        return 0
+    if argv[:1] == ["help"]:  # `dstk help VERB` is `dstk VERB --help`
+        argv = [*argv[1:2], "--help"]
     args = build_parser().parse_args(argv)
     if not getattr(args, "_module", None):
         build_parser().print_help()
@@ -37,7 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(importlib.import_module(f"toolkit.commands.{args._module}").run(args) or 0)
     except UserError as exc:
-        print(f"dstk {args.verb}: error: {exc}", file=sys.stderr)
+        if not _quiet_rank(args.verb):
+            print(f"dstk {args.verb}: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `dstk ... | head`: the reader left, nothing is wrong
         sys.stderr.close()
@@ -51,6 +98,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"dstk {args.verb}: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        if args.verb != "train" or not _peer_failed(exc):
+            raise
+        # another rank failed first and its error is printed above; this rank's traceback says only that
+        print(
+            f"dstk train: rank {os.environ.get('RANK', '?')}: stopped because another rank failed "
+            f"({exc.__class__.__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''})",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def _quiet_rank(verb: str | None) -> bool:
+    """A train rank other than its node's first: a user error is the same on every rank (the flags, the
+    files), so the first rank of each node says it and the others stay quiet, instead of N copies."""
+    return verb == "train" and os.environ.get("LOCAL_RANK", "0") != "0"
+
+
+PEER_FAILURE = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "NCCL communicator was aborted",
+    "remote process exited",
+    "failed to recv",
+    "Socket Timeout",
+)
+"""What gloo and NCCL say on a rank whose collective lost a peer (the peer's own error is the cause)."""
+
+
+def _peer_failed(exc: BaseException) -> bool:
+    text = f"{exc.__class__.__name__}: {exc}"
+    return exc.__class__.__name__ in ("DistBackendError", "DistNetworkError") or any(
+        p in text for p in PEER_FAILURE
+    )
 
 
 if __name__ == "__main__":

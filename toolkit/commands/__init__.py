@@ -27,7 +27,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "calibrate": ("calibrate", "Measure this machine and write a cluster description for the planner."),
     "checkpoint": (
         "checkpoint",
-        "Convert a checkpoint to DeepSpeed's universal format to resume on another world size.",
+        "List a folder's checkpoints, or convert one to DeepSpeed's universal format for another world size.",
     ),
     "data": ("data", "Generate a demo corpus, or prepare text files into packed training sequences."),
     "export": ("export", "Write a consolidated HF save_pretrained directory from a checkpoint."),
@@ -48,7 +48,36 @@ class OneLineParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {self._with_suggestions(message)}\n")
+
+    def _with_suggestions(self, message: str) -> str:
+        """argparse's "unrecognized arguments: --stepz 100" with the flag each unknown one was probably meant
+        to be, from this parser's own flags."""
+        import difflib
+
+        prefix = "unrecognized arguments: "
+        if not message.startswith(prefix):
+            return message
+        flags = [f for a in self._actions for f in a.option_strings if f.startswith("--")]
+        unknown = [w for w in message[len(prefix) :].split() if w.startswith("-")]
+        hints = []
+        for word in unknown:
+            close = difflib.get_close_matches(word.split("=")[0], flags, n=1, cutoff=0.7)
+            if close:
+                hints.append(f"{word} → {close[0]}?")
+        return message + (f" (did you mean: {', '.join(hints)})" if hints else "")
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """Unknown flags are reported by the parser they were given to (`dstk estimate: error: ...`), not by
+        the top-level one, which knows none of a verb's flags."""
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            verb = self
+            for action in self._actions:
+                if isinstance(action, argparse._SubParsersAction):
+                    verb = action.choices.get(getattr(parsed, action.dest, None) or "", self)
+            verb.error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
 
 
 # Cluster fields that can be overridden on the command line (the rest: write a cluster file).
@@ -89,11 +118,27 @@ def add_model_args(parser: argparse.ArgumentParser, required: bool = True) -> No
     which = group.add_mutually_exclusive_group(required=required)
     which.add_argument("--model", metavar="M", help="preset name, dstk YAML/JSON file, or HF config.json")
     which.add_argument(
-        "--params", metavar="N", type=float, help="a GPT-3-shaped model of N parameters, e.g. 175e9"
+        "--params",
+        metavar="N",
+        type=_parameter_count,
+        help="a GPT-3-shaped model of N parameters, e.g. 175e9 or 7B",
     )
     group.add_argument(
         "--seq-length", type=int, metavar="S", help="override the model's training sequence length"
     )
+
+
+def _parameter_count(text: str) -> float:
+    """`--params` as 175e9, 7B, 1.3T or 350M (the forms `--tokens` takes)."""
+    from toolkit.errors import UserError
+    from toolkit.report.cost import parse_tokens
+
+    try:
+        return parse_tokens(text, "--params")
+    except UserError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a parameter count; write e.g. 175e9, 7B or 1.3T"
+        ) from None
 
 
 def add_cluster_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
@@ -137,12 +182,9 @@ def add_layout_args(parser: argparse.ArgumentParser) -> None:
 
 
 def model_from_args(args: argparse.Namespace) -> Any:
-    from toolkit.plan.load import load_model, model_from_params
+    from toolkit.plan.load import model_from
 
-    if args.params is not None:
-        model = model_from_params(args.params, **({"seq_length": args.seq_length} if args.seq_length else {}))
-        return model
-    return load_model(args.model, {"seq_length": args.seq_length})
+    return model_from(args.model, args.params, args.seq_length)
 
 
 def cluster_from_args(args: argparse.Namespace) -> Any:

@@ -77,6 +77,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--nvme-path: {args.nvme_path} is not a directory")
     if not args.checkpoint_path.is_dir():
         raise UserError(f"--checkpoint-path: {args.checkpoint_path} is not a directory")
+    if args.output:
+        from toolkit.paths import output_file
+
+        output_file(args.output, "-o")
     host = detect(ranks=args.ranks, use_cache=False)
     ranks = args.ranks or host.cluster["gpus_per_node"]
     cached = calibration_path(host.fingerprint)

@@ -25,6 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     conv.add_argument("--tag", metavar="TAG", help="checkpoint to convert (default: the newest complete one)")
     conv.add_argument("--out", type=Path, required=True, metavar="DIR", help="new checkpoint directory")
+    conv.add_argument(
+        "--overwrite", action="store_true", help="replace a checkpoint of the same tag already in --out"
+    )
     ls = sub.add_parser("ls", help="checkpoints and shared-memory snapshots: tier, step, completeness, size")
     ls.add_argument(
         "--checkpoint", type=Path, required=True, metavar="DIR", help="dstk train --checkpoint-dir"
@@ -34,11 +37,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.checkpoint_verb == "ls":
         return _ls(args.checkpoint)
+    import sys
+    import time
+
+    from toolkit.errors import UserError
+    from toolkit.paths import output_dir
+    from toolkit.run.preflight import pick_checkpoint
+
+    tag = pick_checkpoint(args.checkpoint, args.tag)
+    output_dir(args.out, "--out")
+    if args.out.resolve() == args.checkpoint.resolve():
+        raise UserError("--out: must differ from --checkpoint")
+    if (args.out / tag).exists() and not args.overwrite:
+        raise UserError(f"--out: {args.out / tag} exists; give another folder, or --overwrite to replace it")
+    start = time.time()
+    print(f"converting {args.checkpoint / tag} …", file=sys.stderr, flush=True)
     from toolkit.run.universal import convert
 
-    tag_dir = convert(args.checkpoint, args.out, args.tag)
+    tag_dir = convert(args.checkpoint, args.out, tag)
     print(
-        f"wrote {tag_dir} (universal); resume with: dstk train ... --checkpoint-dir {args.out} --resume auto"
+        f"wrote {tag_dir} (universal) in {time.time() - start:.1f} s; resume with: dstk train ... "
+        f"--checkpoint-dir {args.out} --resume auto"
     )
     return 0
 
@@ -50,6 +69,10 @@ def _ls(ckpt_dir: Path) -> int:
     from toolkit.errors import UserError
     from toolkit.run.checkpoint import MANIFEST, check, memory_tier, newest_complete
 
+    if (ckpt_dir / MANIFEST).is_file():
+        raise UserError(
+            f"--checkpoint: {ckpt_dir} is one checkpoint, not a folder of them; give --checkpoint {ckpt_dir.parent}"
+        )
     tiers = [("disk", ckpt_dir), ("memory", memory_tier(ckpt_dir))]
     if not ckpt_dir.is_dir() and not tiers[1][1].is_dir():
         raise UserError(f"--checkpoint: {ckpt_dir} is not a directory")

@@ -245,6 +245,10 @@ def run(args: argparse.Namespace) -> int:
     from toolkit.plan.load import build
 
     _check_targets(args)
+    if str(args.output) != "-":
+        from toolkit.paths import output_file
+
+        output_file(args.output, "-o")  # before any work: a folder or an unwritable place, named as given
     if args.megatron:
         _megatron_defaults(args)
     if args.target == "megatron" and not args.plan and args.fused_kernels is None:

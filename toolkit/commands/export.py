@@ -23,15 +23,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="save this local tokenizer directory (e.g. DATA/tokenizer) next to the weights",
     )
     parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="output directory")
+    parser.add_argument("--overwrite", action="store_true", help="replace what --out already holds")
 
 
 def run(args: argparse.Namespace) -> int:
-    from toolkit.data.tokenizer import check_tokenizer_dir
+    import sys
+    import time
 
-    if args.tokenizer is not None:  # before the weights are consolidated: a typo costs milliseconds
+    from toolkit.data.tokenizer import check_tokenizer_dir
+    from toolkit.paths import new_output_dir
+    from toolkit.run.preflight import pick_checkpoint
+
+    model = model_from_args(args)
+    # before torch is imported and the weights are consolidated: a typo costs milliseconds
+    tag = pick_checkpoint(args.checkpoint, args.tag)
+    if args.tokenizer is not None:
         check_tokenizer_dir(args.tokenizer)
+    new_output_dir(args.out, "--out", args.overwrite, "files")
+    start = time.time()
+    print(f"exporting {args.checkpoint / tag} ({model.name}) …", file=sys.stderr, flush=True)
     from toolkit.run.export import export
 
-    out = export(model_from_args(args), args.checkpoint, args.out, args.tag, args.tokenizer)
-    print(f"wrote {out}")
+    out = export(model, args.checkpoint, args.out, tag, args.tokenizer)
+    print(f"wrote {out} from {args.checkpoint / tag} in {time.time() - start:.1f} s")
     return 0

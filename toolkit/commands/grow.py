@@ -122,8 +122,13 @@ def _grow(args: argparse.Namespace) -> int:
     args.cluster = args.cluster or "cpu"
     cluster = cluster_from_args(args)  # before the (slow) growth: a typo fails in milliseconds
     query = PlanQuery.pinning(layout_request_from_args(args))
+    from toolkit.paths import input_dir, output_dir
+
+    output_dir(args.out, "--out")
     if args.out.exists() and any(args.out.iterdir()):
         raise UserError(f"--out: {args.out} exists and is not empty")
+    if args.data is not None:
+        input_dir(args.data, "--data", "the folder dstk data prepare wrote")
 
     from toolkit.run.grow import grow
 

@@ -8,8 +8,6 @@ sbatch script that runs the same command on the nodes SLURM allocates, instead o
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import shlex
 import sys
@@ -117,42 +115,44 @@ def _rank_env_file(cluster: Any, environ: dict[str, str], run_dir: Path) -> tupl
     return (run_dir / "deepspeed_env").resolve(), env_file_text(rank_env(cluster, environ))
 
 
-def _check_config(path: Path, cluster: Any, train_args: list[str]) -> None:
-    """DeepSpeed's verdict on the config for the world about to start, and what resuming will meet, before any
-    rank does: a bad batch, a config planned for another world size, a checkpoint of another stage or model
-    fail here in seconds with one line, not on every rank after start-up and the JIT builds."""
-    from toolkit.cli import build_parser
-    from toolkit.commands import model_from_args
-    from toolkit.errors import UserError
-    from toolkit.integrations.ds_input import read_ds_config, scheduled_steps
-    from toolkit.integrations.ds_layout import request_from_config
-    from toolkit.integrations.validate import validate_config
-    from toolkit.run.preflight import check_resume
+def train_parser() -> argparse.ArgumentParser:
+    """`dstk train`'s own parser (its flags from commands/train.py), to judge the arguments after `--`."""
+    from toolkit.commands import OneLineParser
+    from toolkit.commands.train import add_arguments as add_train_arguments
 
+    parser = OneLineParser(prog="dstk launch: after --: dstk train")
+    add_train_arguments(parser)
+    return parser
+
+
+def _preflight(path: Path, cluster: Any, train_args: list[str]) -> list[str]:
+    """Everything the ranks would check (toolkit.run.preflight) and DeepSpeed's verdict on the config for the
+    world about to start, before any rank starts or a script is written: a misspelt train flag, data
+    prepared for another model, an unwritable checkpoint folder, a resume onto other data, a bad batch fail
+    here in seconds with one line, not on every rank after start-up. Returns the notes to say once."""
+    from toolkit.errors import UserError
+    from toolkit.integrations.ds_input import read_ds_config
+    from toolkit.integrations.validate import validate_config
+    from toolkit.run.preflight import prepare_run
+
+    train = train_parser().parse_args([*train_args, "--config", str(path)])
+    _, notes = prepare_run(train, cluster.world_size)
     cfg = read_ds_config(path)
-    request = request_from_config(cfg, cluster.world_size)
-    try:  # train's own arguments are train's to judge: its parser here only reads what a resume needs
-        with contextlib.redirect_stderr(io.StringIO()):
-            train = build_parser().parse_args(["train", *train_args, "--config", str(path)])
-    except SystemExit:
-        train = None
-    steps = train and (train.steps or scheduled_steps(cfg))
-    if train is not None and isinstance(steps, int) and train.checkpoint_dir is not None:
-        model = model_from_args(train).model_dump()
-        steps_left = None if train.eval_only else steps  # --eval-only trains nothing
-        check_resume(
-            train.checkpoint_dir, train.resume, steps_left, cluster.world_size, request.model_dump(), model
-        )
     verdict = validate_config(cfg, cluster.world_size, cluster.accelerator)
     if verdict.problems:
         more = (
             f" (and {len(verdict.problems) - 1} more: dstk validate {path} --world-size {cluster.world_size})"
         )
         raise UserError(f"--config: {verdict.problems[0].text}{more if len(verdict.problems) > 1 else ''}")
+    return notes
 
 
 def _program(args: argparse.Namespace, cluster_file: Path, cluster: Any = None) -> list[str]:
+    import os
+
+    from toolkit.commands.train import PREFLIGHT_DONE
     from toolkit.errors import UserError
+    from toolkit.paths import input_file
 
     program = list(args.program)
     if program and program[0] == "--":
@@ -161,10 +161,11 @@ def _program(args: argparse.Namespace, cluster_file: Path, cluster: Any = None) 
         return program
     if args.config is None:
         raise UserError("--config: dstk train needs the DeepSpeed config (dstk config writes one)")
-    if not args.config.is_file():
-        raise UserError(f"--config: {args.config} not found")
+    input_file(args.config, "--config", "a DeepSpeed JSON config")
     if cluster is not None and not (args.include or args.exclude):
-        _check_config(args.config, cluster, program)
+        for note in _preflight(args.config, cluster, program):
+            print(f"dstk launch: note: {note}", file=sys.stderr, flush=True)
+        os.environ[PREFLIGHT_DONE] = "1"  # the ranks need not say the notes again
     extra = ["--config", str(args.config)]
     if "--cluster" not in program:
         extra += ["--cluster", str(cluster_file)]
@@ -186,7 +187,11 @@ def run(args: argparse.Namespace) -> int:
                 raise UserError(f"{flag}: only with --slurm FILE")
     args.cluster = args.cluster or "local"  # this machine, detected (and calibrated if calibrate ran)
     cluster = cluster_from_args(args)
+    from toolkit.paths import output_dir, output_file
+
+    output_dir(args.run_dir, "--run-dir")
     if args.slurm is not None:
+        output_file(args.slurm, "--slurm")
         return _write_slurm(args, cluster)
     hostfile, cluster_file = args.run_dir / "hostfile", args.run_dir / "cluster.yaml"
     text = hostfile_text(cluster)
@@ -211,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
         env_file.write_text(env_text)
         launch = dataclasses.replace(launch, env={**launch.env, "DS_ENV_FILE": str(env_file)})
         env["DS_ENV_FILE"] = str(env_file)
-    if args.dry_run:
+    if args.dry_run:  # the files the printed command names are written, so it runs as printed
         print(launch.shell())
         return 0
     for lock in stale_build_locks(env):

@@ -151,6 +151,10 @@ def _training(inputs: dict[str, Any], model: Any, cluster: Any, best: Any) -> di
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.report is not None:
+        from toolkit.paths import output_file
+
+        output_file(args.report, "--report")  # before the search and the charts written beside it
     from toolkit.errors import UserError
     from toolkit.integrations.ds_config import build_ds_config, recipe_line
     from toolkit.plan.planner import nothing_fits_message, plan

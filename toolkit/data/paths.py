@@ -8,10 +8,10 @@ high most likely meant (toolkit.data.tokenizer).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from toolkit.errors import UserError
+from toolkit.paths import output_dir
 
 MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer"
@@ -27,12 +27,8 @@ def create_dir(path: Path, flag: str) -> None:
     """`mkdir -p path`, or one line naming the flag when it cannot be done (a file in the way, no permission)."""
     if path.exists() and not path.is_dir():
         raise UserError(f"{flag}: {path} is a file; expected a directory")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(f"{flag}: cannot create {path} ({exc.strerror or exc})") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise UserError(f"{flag}: {path} is not writable")
+    output_dir(path, flag)
+    path.mkdir(parents=True, exist_ok=True)
 
 
 def check_out(out: Path, input_dirs: list[Path], overwrite: bool) -> None:
@@ -54,11 +50,4 @@ def check_out(out: Path, input_dirs: list[Path], overwrite: bool) -> None:
         raise UserError(
             f"--out: {out} already holds {what}; pass --overwrite to replace it, or choose another --out"
         )
-    if not out.exists():
-        parent = next(p for p in out.absolute().parents if p.exists())
-        if not parent.is_dir():
-            raise UserError(f"--out: cannot create {out} ({parent} is a file)")
-        if not os.access(parent, os.W_OK | os.X_OK):
-            raise UserError(f"--out: cannot create {out} ({parent} is not writable)")
-    elif not os.access(out, os.W_OK | os.X_OK):
-        raise UserError(f"--out: {out} is not writable")
+    output_dir(out, "--out")  # writable or creatable, probed (root passes every permission test)

@@ -58,23 +58,28 @@ def describe_errors(
     source: str, exc: ValidationError, cls: type[BaseModel], labels: dict[str, str] | None = None
 ) -> str:
     """One line for all of pydantic's complaints, each naming its field (or its CLI flag, via `labels`)."""
-    parts = []
+    parts, flagged = [], []
     fields = list(cls.model_fields)
+    unknown_without_hint = False
     # a misspelt field usually explains a "missing" one, so unknown fields come first
     for err in sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden"):
-        field = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        field = (labels or {}).get(field, field)
+        name = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        field = (labels or {}).get(name, name)
         if err["type"] == "extra_forbidden":
             close = difflib.get_close_matches(field, fields, n=1)
-            hint = f" (did you mean {close[0]}?)" if close else f" (valid: {', '.join(fields)})"
-            parts.append(f"{field}: unknown field{hint}")
+            unknown_without_hint |= not close
+            part = f"{field}: unknown field" + (f" (did you mean {close[0]}?)" if close else "")
         elif err["type"] == "missing":
-            parts.append(f"{field}: required field missing")
+            part = f"{field}: required field missing"
         elif err["type"] == "value_error":
-            parts.append(str(err["ctx"]["error"]))
+            part = str(err["ctx"]["error"])
         else:
-            parts.append(f"{field}: {err['msg'].lower()} (got {err.get('input')!r})")
-    return f"{source}: " + "; ".join(parts)
+            part = f"{field}: {err['msg'].lower()} (got {err.get('input')!r})"
+        # a value the user gave by flag is theirs, not the description's: named by the flag alone
+        (flagged if field.startswith("--") else parts).append(part)
+    if unknown_without_hint:  # the valid names once, not after every unknown one
+        parts.append(f"valid fields: {', '.join(fields)}")
+    return "; ".join(flagged + ([f"{source}: " + "; ".join(parts)] if parts else []))
 
 
 def build(cls: type[M], data: dict[str, Any], source: str, labels: dict[str, str] | None = None) -> M:
@@ -98,16 +103,49 @@ def _resolve(kind: str, ref: str) -> tuple[dict[str, Any], str]:
     path = preset_path(kind, ref)
     if path is not None:
         return read_mapping(path), f"preset {ref}"
-    candidate = Path(ref).expanduser()
-    if candidate.exists() or candidate.suffix in (".yaml", ".yml", ".json"):
-        return read_mapping(candidate), str(candidate)
-    names = preset_names(kind) + ([LOCAL] if kind == "clusters" else [])
-    close = [n for n in names if n.startswith(ref)] or difflib.get_close_matches(ref, names, n=1)
-    hint = f"did you mean {close[0]}? " if close else ""
     what = "model" if kind == "models" else "cluster"
+    candidate = Path(ref).expanduser()
+    if kind == "models" and candidate.is_dir() and (candidate / "config.json").is_file():
+        candidate = candidate / "config.json"  # an HF model folder: its config.json describes it
+    if candidate.exists() or candidate.suffix in (".yaml", ".yml", ".json"):
+        try:
+            data = read_mapping(candidate)
+        except UserError as exc:
+            raise UserError(f"--{what}: {exc}") from None
+        _not_a_deepspeed_config(data, candidate, what)
+        return data, str(candidate)
+    names = preset_names(kind) + ([LOCAL] if kind == "clusters" else [])
+    folded = {n.lower(): n for n in names}
+    close = (
+        ([folded[ref.lower()]] if ref.lower() in folded else [])
+        or [n for n in names if n.startswith(ref)]
+        or difflib.get_close_matches(ref.lower(), names, n=1)
+    )
+    hint = f"did you mean {close[0]}? " if close else ""
     raise UserError(
         f"--{what}: {ref!r} is neither a preset nor an existing file; {hint}presets: {', '.join(names)}"
     )
+
+
+_DEEPSPEED_KEYS = (
+    "train_batch_size",
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "zero_optimization",
+    "optimizer",
+    "scheduler",
+)
+
+
+def _not_a_deepspeed_config(data: dict[str, Any], path: Path, what: str) -> None:
+    """A DeepSpeed config given where a description goes is the likeliest mix-up of two JSON files: say that,
+    instead of one "unknown field" per DeepSpeed key."""
+    keys = [k for k in _DEEPSPEED_KEYS if k in data]
+    if keys:
+        raise UserError(
+            f"--{what}: {path} looks like a DeepSpeed config ({', '.join(keys[:3])}), not a {what} description; "
+            f"give it as --config, and the {what} as --{what}"
+        )
 
 
 def load_model(ref: str, overrides: dict[str, Any] | None = None) -> ModelSpec:
@@ -115,8 +153,17 @@ def load_model(ref: str, overrides: dict[str, Any] | None = None) -> ModelSpec:
     data, source = _resolve("models", ref)
     if hf_config.is_hf_config(data):
         data = hf_config.from_hf_config(data, source)
-    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    return build(ModelSpec, data, source)
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    data.update(given)
+    return build(ModelSpec, data, source, labels={k: f"--{k.replace('_', '-')}" for k in given})
+
+
+def model_from(ref: str | None, params: float | None, seq_length: int | None = None) -> ModelSpec:
+    """The model `--model REF` or `--params N` (one of them) names, with `--seq-length`."""
+    if params is not None:
+        return model_from_params(params, **({"seq_length": seq_length} if seq_length else {}))
+    assert ref is not None
+    return load_model(ref, {"seq_length": seq_length})
 
 
 def load_cluster(ref: str, overrides: dict[str, Any] | None = None) -> ClusterSpec:
@@ -126,7 +173,7 @@ def load_cluster(ref: str, overrides: dict[str, Any] | None = None) -> ClusterSp
     if "nodes" in given and "hostnames" in data and "hostnames" not in given:
         data.pop("hostnames")  # a preset's host list no longer applies once the node count changes
     data.update(given)
-    return build(ClusterSpec, data, source)
+    return build(ClusterSpec, data, source, labels={k: f"--{k.replace('_', '-')}" for k in given})
 
 
 def _gpt_layer_params(hidden: int) -> int:

@@ -75,7 +75,7 @@ class Detection:
         basis = f"calibrated ({self.calibration})" if self.calibration else "table values, not calibrated"
         line = f"cluster local: {c['gpus_per_node']} × {c['accelerator']} ({what}); {basis}"
         if not self.calibration:
-            line += "; run `dstk calibrate` for measured figures"
+            line += "; `dstk calibrate` measures this host (under a minute) and --cluster local then uses it"
         return line
 
 
@@ -122,10 +122,6 @@ def _cpu_cluster(cpu: CpuInfo, ranks: int, det: Detection, calibrated: bool) -> 
     det.unknown.append(
         "host-side figures (eager-op cost, gloo bandwidth, engine overheads, matmul efficiency) are not "
         "measured on this host: taken from the cpu preset (a calibration of a 2-core host)"
-    )
-    det.warnings.append(
-        "cluster local: not calibrated on this host; `dstk calibrate` measures it (under a minute) and "
-        "--cluster local then uses the measurement"
     )
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import socket
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -223,6 +224,18 @@ def storage_gb_per_s(path: Path, mbytes: int = 64) -> float:
         return mbytes * (1 << 20) / 1e9 / (time.perf_counter() - t)
 
 
+def _progress(rank: int) -> Any:
+    """Rank 0's progress lines on stderr, with the seconds since the ranks joined: a calibration takes tens
+    of seconds, and a user should see it move."""
+    start = time.monotonic()
+
+    def say(text: str) -> None:
+        if rank == 0:
+            print(f"  {time.monotonic() - start:5.1f} s  {text}", file=sys.stderr, flush=True)
+
+    return say
+
+
 def _worker(rank: int, world: int, port: int, nvme: str | None, queue: Any) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -265,6 +278,8 @@ def _worker(rank: int, world: int, port: int, nvme: str | None, queue: Any) -> N
     if not on_cpu:
         dtypes["fp16"] = torch.float16
     dist.barrier()
+    say = _progress(rank)
+    say("ranks joined; matrix-multiply probes")
     result["large_tflops"], result["training_tflops"], result["shapes"] = {}, {}, {}
     for p, dt in dtypes.items():
         if on_cpu:
@@ -277,20 +292,24 @@ def _worker(rank: int, world: int, port: int, nvme: str | None, queue: Any) -> N
         result["training_tflops"][p] = statistics.median(
             _linear_train_tflops(dt, s, device, sync) for s in shapes
         )
+        say(f"{p}: {result['large_tflops'][p] * 1e3:,.4g} GFLOP/s at {large[0]}³")
     # every rank must probe the same way: rank 0's choice of the training precision is the job's
     supported = {p: v for p, v in result["large_tflops"].items() if p != "bf16" or result["supports_bf16"]}
     choice = [fastest_precision(supported)]
     dist.broadcast_object_list(choice, src=0)
     precision = result["precision"] = choice[0]
     dtype = dtypes[precision]
+    say(f"training precision {precision}; a DeepSpeed engine step")
     result["engine"] = engine_probe(device, precision)
     dist.barrier()
+    say("attention, memory bandwidth, kernel overhead")
     result["attention_tflops"] = _attention_tflops(dtype, device, sync)
     dist.barrier()
     result["copy_gb_per_s"] = _copy_gb_per_s(device, sync)
     result["elementwise_gb_per_s"] = _elementwise_gb_per_s(dtype, device, sync)
     result["op_us"] = _op_overhead_us(device, sync)
     dist.barrier()
+    say("collectives" + (" and the optimizer step" if on_cpu else ""))
     result["collectives"] = _collectives(device, sync, world, dtype) if world > 1 else {}
     if on_cpu:
         # on GPUs the step is HBM-bound kernels, which the analytic model prices; on the CPU it is not

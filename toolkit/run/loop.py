@@ -25,6 +25,7 @@ from toolkit.run.engine_state import held_bytes
 from toolkit.run.evaluate import evaluate
 from toolkit.run.loop_state import LEAN_STEPS, LoopOptions, Record, gather
 from toolkit.run.metrics import Logger, Meter, current_rss_bytes, peak_memory_bytes
+from toolkit.run.preflight import data_fingerprint
 from toolkit.run.rollback import roll_back
 from toolkit.run.runtime import Runtime, allow_heap_reuse, rng_state, set_rng_state
 from toolkit.run.stability import (
@@ -71,6 +72,7 @@ class Trainer:
         """Router load-balancing losses of dstk's MoE layers (toolkit.parallel.moe.AuxLoss), added to the LM loss."""
         self.ckpt = checkpointer
         self.run_dir = run_dir
+        self.data_dir = data_dir
         self.train_data = load_split(data_dir / "train", opts.seed)
         self.eval_data = (
             load_split(data_dir / "validation", opts.seed) if (data_dir / "validation").exists() else None
@@ -145,7 +147,7 @@ class Trainer:
                 f"{self._loader_kind()} one (their data positions differ): resume with the same "
                 "--token-budget/--curriculum-steps setting"
             )
-        self.step, self.position = r.step, r.position
+        self.step, self.position = r.step, 0 if self.opts.new_data and not self.resumed else r.position
         self.saved_steps.append(r.step)
         rank_state = r.client_state.get("rank_state", {})
         if rank_state.get("rng"):
@@ -229,6 +231,7 @@ class Trainer:
         self.read(self.step)  # the checkpoint holds every loss up to here
         fault = self.opts.fault_after_first_shard_at == self.step
         extra: dict[str, Any] = {
+            "data": data_fingerprint(self.data_dir),
             "losses": self.record.losses,
             "layout": self.layout.model_dump(),
             "model": self.model.model_dump(),

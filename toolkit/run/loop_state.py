@@ -4,9 +4,11 @@ metrics use."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from toolkit.data.dynamic import DynamicOptions
+from toolkit.plan.specs import ClusterSpec, ModelSpec
 from toolkit.run.runtime import Runtime
 from toolkit.run.stability import Fault, GuardOptions
 
@@ -42,6 +44,8 @@ class LoopOptions:
     """The spike guard; it rolls back to checkpoints, so it needs a Checkpointer."""
     faults: tuple[Fault, ...] = ()
     """Test-only: faults to inject (see toolkit.run.stability.Fault)."""
+    new_data: bool = False
+    """A resume onto other data than the checkpoint's (--new-data): the data position starts at its first row."""
     batching: DynamicOptions | None = None
     """Token-budget batching and/or the sequence-length curriculum (toolkit.data.dynamic); None: fixed
     micro-batches of the config's size."""
@@ -87,3 +91,19 @@ def gather(value: Any) -> list[Any]:
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, value)
     return out
+
+
+@dataclass
+class TrainRun:
+    model: ModelSpec
+    config: dict[str, Any]
+    data: Path | None
+    run_dir: Path
+    checkpoint_dir: Path | None
+    resume: str
+    init_from: Path | None
+    cluster: ClusterSpec | None
+    keep_last: int
+    loop: LoopOptions
+    lora: str | None = None
+    """LoRA spec (`r=16,alpha=32`): adapters train, the base stays frozen; from --lora or the config's plan."""

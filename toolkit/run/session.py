@@ -6,29 +6,12 @@ model description + DeepSpeed config â†’ HF model (under zero.Init for ZeRO-3) â
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from toolkit.errors import UserError
-from toolkit.plan.specs import ClusterSpec, ModelSpec
-
-
-@dataclass
-class TrainRun:
-    model: ModelSpec
-    config: dict[str, Any]
-    data: Path | None
-    run_dir: Path
-    checkpoint_dir: Path | None
-    resume: str
-    init_from: Path | None
-    cluster: ClusterSpec | None
-    keep_last: int
-    loop: Any  # toolkit.run.loop.LoopOptions
-    lora: str | None = None
-    """LoRA spec (`r=16,alpha=32`): adapters train, the base stays frozen; from --lora or the config's plan."""
+from toolkit.plan.specs import ModelSpec
+from toolkit.run.loop_state import TrainRun
 
 
 def _prepare_default_data(run: TrainRun, rt: Any) -> Path:
@@ -46,23 +29,6 @@ def _prepare_default_data(run: TrainRun, rt: Any) -> Path:
         )
     dist.barrier()
     return out
-
-
-def _check_data(model: ModelSpec, data: Path) -> None:
-    from toolkit.data.prepare import MANIFEST
-
-    path = data / MANIFEST
-    if not path.is_file():
-        raise UserError(f"--data: {data} has no {MANIFEST}; make it with dstk data prepare")
-    manifest = json.loads(path.read_text())
-    if manifest["vocab_size"] > model.vocab_size:
-        raise UserError(
-            f"--data: tokenizer vocabulary {manifest['vocab_size']} exceeds the model's vocab_size {model.vocab_size}"
-        )
-    if manifest["seq_length"] > model.max_position_embeddings and model.position_embedding == "learned":
-        raise UserError(
-            f"--data: sequences of {manifest['seq_length']} exceed max_position_embeddings {model.max_position_embeddings}"
-        )
 
 
 def _moe(model: Any, spec: ModelSpec, layout: Any) -> tuple[Any, Any]:
@@ -214,6 +180,7 @@ def main(run: TrainRun) -> dict[str, Any]:
     from toolkit.run.loop import Trainer
     from toolkit.run.metrics import Logger
     from toolkit.run.models import build_model
+    from toolkit.run.preflight import check_data
     from toolkit.run.runtime import init_distributed, seed_everything, shutdown
     from toolkit.run.summary import summarize
     from toolkit.run.universal import is_universal
@@ -230,7 +197,7 @@ def main(run: TrainRun) -> dict[str, Any]:
         if layout.sp > 1:
             ulysses.check_supported(run.model, layout, run.config, run.loop.batching, run.lora)
         data = run.data or _prepare_default_data(run, rt)
-        _check_data(run.model, data)
+        check_data(run.model, data)
         seed_everything(run.loop.seed)
         model = build_model(run.model, run.config, run.init_from)
         if run.lora:
