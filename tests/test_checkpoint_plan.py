@@ -133,11 +133,11 @@ def test_dstk_config_writes_the_tiers_dstk_train_reads(tmp_path) -> None:
     }
     assert block["checkpoint_interval_steps"] == ck.interval_steps and ck.asynchronous
     assert math.isfinite(ck.expected_waste)
-    from toolkit.commands.train import _checkpoint_tiers
+    from toolkit.run.preflight import checkpoint_tiers
     from toolkit.integrations.dstk_block import read_dstk_block
 
     args = argparse.Namespace(async_save=None, snapshot_every=None, checkpoint_dir=tmp_path)
     planned = (True, ck.snapshot_interval_steps)
-    assert _checkpoint_tiers(args, read_dstk_block(json.loads(out.read_text()))) == planned
+    assert checkpoint_tiers(args, read_dstk_block(json.loads(out.read_text()))) == planned
     args = argparse.Namespace(async_save=False, snapshot_every=3, checkpoint_dir=tmp_path)
-    assert _checkpoint_tiers(args, read_dstk_block(json.loads(out.read_text()))) == (False, 3)
+    assert checkpoint_tiers(args, read_dstk_block(json.loads(out.read_text()))) == (False, 3)
