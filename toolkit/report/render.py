@@ -81,9 +81,17 @@ def print_estimate(est: Estimate, title: str | None = None) -> None:
         tt.add_row(name, f"{value:.4g}")
     console.print(tt)
     verdict = "[green]fits[/green]" if est.fits else "[red]does not fit[/red]"
-    console.print(
-        f"{verdict}; {est.tokens_per_s:,.0f} tokens/s, {est.tflops_per_gpu:,.4g} TFLOP/s per GPU "
-        f"(model; {est.hardware_tflops_per_gpu:,.4g} with recomputation), MFU {est.mfu:.1%}"
+    console.print(f"{verdict}; {mfu_line(est)}")
+
+
+def mfu_line(est: Estimate) -> str:
+    """Throughput in one sentence: model TFLOP/s per GPU and the MFU they make of the precision's peak, and the
+    TFLOP/s executed with recomputation (never fewer)."""
+    peak = est.peak_flops / 1e12
+    return (
+        f"{est.tokens_per_s:,.0f} tokens/s; MFU {est.mfu:.1%} = {est.tflops_per_gpu:,.4g} TFLOP/s per GPU of "
+        f"model FLOPs / {est.layout.precision} peak {peak:,.4g} TFLOP/s; {est.hardware_tflops_per_gpu:,.4g} "
+        "TFLOP/s executed (recomputation included)"
     )
 
 
@@ -100,7 +108,7 @@ def write_plan_report(path: Path, model: Any, cluster: Any, plan: Any, data: dic
         "",
         f"**Layout:** {est.layout.describe()}",
         "",
-        f"- tokens/s: {est.tokens_per_s:,.0f}; TFLOP/s per GPU: {est.tflops_per_gpu:.1f}; MFU: {est.mfu:.1%}",
+        f"- {mfu_line(est)}",
         f"- step time: {t.total_s:.4g} s",
         f"- memory per GPU: {human_bytes(m.total)} of {human_bytes(est.capacity_bytes)}",
         "",
@@ -149,9 +157,9 @@ def write_plan_report(path: Path, model: Any, cluster: Any, plan: Any, data: dic
 def training_lines(tr: dict[str, Any]) -> list[str]:
     """The "Training cost" section (see toolkit.report.cost for the arithmetic and its sources)."""
     how = (
-        f"6·N·D / (GPUs · peak · MFU) with MFU {tr['mfu']:.1%} (`--mfu`)"
+        f"training compute / (GPUs · peak · MFU) with MFU {tr['mfu']:.1%} (`--mfu`)"
         if tr["time_source"] == "mfu"
-        else f"tokens / the plan's {tr['tokens_per_s']:,.0f} tokens/s (MFU {tr['mfu']:.1%} in the 6·N·D convention)"
+        else f"tokens / the plan's {tr['tokens_per_s']:,.0f} tokens/s (the plan's MFU, {tr['mfu']:.1%})"
     )
     cost = (
         f"{tr['cost']:,.0f} at {tr['price_per_gpu_hour']:g} per GPU-hour"
@@ -163,8 +171,8 @@ def training_lines(tr: dict[str, Any]) -> list[str]:
         "",
         "| quantity | value |",
         "|---|---|",
-        f"| tokens | {human_count(tr['tokens'])} ({tr['tokens']:.3g}) |",
-        f"| training compute 6·N·D | {tr['training_flops']:.3g} FLOPs (N = {human_count(tr['n_params'])} active parameters) |",
+        f"| tokens D | {human_count(tr['tokens'])} ({tr['tokens']:.3g}) |",
+        f"| training compute (6·N + 12·L·H·Q·T)·D | {tr['training_flops']:.3g} model FLOPs ({tr['flops_per_token']:.4g} per token; N = {human_count(tr['n_params'])} parameters a token multiplies by) |",
         f"| GPUs × peak | {tr['gpus']:,} × {tr['peak_flops_per_gpu'] / 1e12:g} TFLOP/s |",
         f"| time to train | {tr['days']:,.1f} days ({tr['hours']:,.0f} h): {how} |",
         f"| GPU-hours | {tr['gpu_hours']:,.0f} |",

@@ -91,6 +91,16 @@ class Estimate:
         return self.tokens_per_step / self.time.total_s
 
     @property
+    def model_flops_per_token(self) -> float:
+        """Model FLOPs per token (:func:`toolkit.plan.cost.flops.model_flops_per_token`): what MFU counts."""
+        return model_flops_per_token(self.model, self.layout.lora is not None)
+
+    @property
+    def hardware_flops_per_token(self) -> float:
+        """Model FLOPs per token plus what this layout computes again (recomputation, expert padding)."""
+        return hardware_flops_per_token(self.model, self.layout.recompute, self.layout.lora is not None)
+
+    @property
     def tflops_per_gpu(self) -> float:
         """Model TFLOP/s per accelerator (PaLM convention, no recomputation)."""
         frozen = self.layout.lora is not None
@@ -98,13 +108,19 @@ class Estimate:
 
     @property
     def hardware_tflops_per_gpu(self) -> float:
-        """TFLOP/s per accelerator including recomputation (Megatron's reporting convention)."""
-        flops = hardware_flops_per_token(self.model, self.layout.recompute, self.layout.lora is not None)
-        return flops * self.tokens_per_s / self.layout.world_size / 1e12
+        """TFLOP/s per accelerator including recomputation (Megatron's reporting convention); never below
+        `tflops_per_gpu`."""
+        return self.hardware_flops_per_token * self.tokens_per_s / self.layout.world_size / 1e12
+
+    @property
+    def peak_flops(self) -> float:
+        """The accelerator's peak FLOP/s in the layout's precision: the denominator of MFU."""
+        return self.cluster.peak_flops(self.layout.precision)
 
     @property
     def mfu(self) -> float:
-        return self.tflops_per_gpu * 1e12 / self.cluster.peak_flops(self.layout.precision)
+        """Model FLOPs utilisation: model TFLOP/s per accelerator over its peak in the layout's precision."""
+        return self.tflops_per_gpu * 1e12 / self.peak_flops
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON of `dstk estimate --json` (documented in the README: the fields other tools read, plus breakdowns)."""
@@ -166,7 +182,9 @@ class Estimate:
             "tflops_per_gpu": self.tflops_per_gpu,
             "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu,
             "mfu": self.mfu,
-            "model_flops_per_token": model_flops_per_token(self.model, self.layout.lora is not None),
+            "peak_flops_per_gpu": self.peak_flops,
+            "model_flops_per_token": self.model_flops_per_token,
+            "hardware_flops_per_token": self.hardware_flops_per_token,
             "zero_knobs": self.knobs.__dict__,
             "params_per_rank": {"dense": m.rank.dense, "expert": m.rank.expert},
         }
