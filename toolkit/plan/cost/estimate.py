@@ -205,57 +205,6 @@ def stage_blocks(model: ModelSpec, pp: int) -> list[tuple[int, int]]:
     return out
 
 
-def _per_micro_activations(model: ModelSpec, layout: Layout, blocks: int, moe_blocks: int) -> float:
-    """Activations one micro-batch leaves on a rank of a stage with `blocks` blocks (`moe_blocks` of them MoE)."""
-    e = layout.bytes_per_element
-    kwargs = dict(
-        micro_batch=layout.micro_batch_size,
-        act_bytes=e,
-        tp=layout.tp,
-        sequence_parallel=layout.tp_sequence_parallel,
-    )
-    recompute = act.attention_recompute(layout.recompute, act.flash_attention(model, layout))
-    per_micro = (blocks - moe_blocks) * act.block_bytes(model, recompute=recompute, **kwargs)
-    per_micro += moe_blocks * act.block_bytes(model, recompute=recompute, moe=True, **kwargs)
-    return per_micro
-
-
-def _stage_activations(
-    model: ModelSpec, layout: Layout, index: int, blocks: int, moe_blocks: int, per_micro: float
-) -> float:
-    """Activations a rank of stage `index` keeps at its peak: in-flight micro-batches × its blocks, plus the
-    rebuilt block of full recomputation, plus the logits on the last stage."""
-    e = layout.bytes_per_element
-    total = _in_flight(layout, index) * per_micro
-    if layout.offload_activations and blocks:
-        # the block inputs live in host memory; the device keeps the newest few (act.OFFLOAD_KEPT_ON_DEVICE)
-        total = min(blocks, act.OFFLOAD_KEPT_ON_DEVICE) * per_micro / blocks
-    if layout.recompute == "full" and blocks:
-        total += act.block_bytes(
-            model,
-            layout.micro_batch_size,
-            e,
-            layout.tp,
-            layout.tp_sequence_parallel,
-            act.attention_recompute("none", act.flash_attention(model, layout)),  # the block being rebuilt
-            moe=moe_blocks > 0,
-        )
-    if index == layout.pp - 1:
-        total += act.logits_bytes(model, layout.micro_batch_size, e, layout.tp)
-    return total / layout.sp
-
-
-def _in_flight(layout: Layout, index: int) -> int:
-    """Micro-batches whose activations stage `index` holds at once under 1F1B (Narayanan et al. 2021)."""
-    return min(layout.pp - index, layout.gradient_accumulation_steps) if layout.pp > 1 else 1
-
-
-def _host_activations(layout: Layout, index: int, per_micro: float) -> float:
-    """Offloaded block inputs a rank keeps in host memory: all of its in-flight micro-batches' (an upper
-    bound: the few newest are still on the device)."""
-    return _in_flight(layout, index) * per_micro / layout.sp if layout.offload_activations else 0.0
-
-
 @dataclass(frozen=True)
 class _Stage:
     index: int
@@ -308,8 +257,8 @@ def _memories(
         rank = rank_params(
             pc, layout, st.blocks, st.moe_blocks, first, last, knobs.stage3_param_persistence_threshold
         )
-        per_micro = _per_micro_activations(model, layout, st.blocks, st.moe_blocks)
-        activations = _stage_activations(model, layout, st.index, st.blocks, st.moe_blocks, per_micro)
+        per_micro = act.per_micro_activations(model, layout, st.blocks, st.moe_blocks)
+        activations = act.stage_activations(model, layout, st.index, st.blocks, st.moe_blocks, per_micro)
         mem = stage_memory(
             layout,
             cluster,
@@ -319,7 +268,7 @@ def _memories(
             largest_param,
             _grad_partition(model, layout),
             trainable=_lora_params(model, layout, st.blocks),
-            host_activations=_host_activations(layout, st.index, per_micro),
+            host_activations=act.host_activations(layout, st.index, per_micro),
         )
         out.append(mem)
     return out
