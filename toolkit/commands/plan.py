@@ -275,12 +275,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _comparison(path: Path, theirs: Any, ours: Any) -> str:
     """One paragraph: the user's config beside the plan, and what differs between them."""
-    gib = 2**30
+    from toolkit.plan.units import format_bytes
 
     def said(e: Any) -> str:
         fits = "" if e.fits else " (does not fit)"
+        # an MFU is a share of one precision's peak: name it, or fp32's 68 % reads as better than bf16's 62 %
         return (
-            f"{e.memory.total / gib:.1f} GiB per GPU, {e.tokens_per_s:,.0f} tokens/s, MFU {e.mfu:.1%}{fits}"
+            f"{format_bytes(e.memory.total, 1)} per GPU, {e.tokens_per_s:,.0f} tokens/s, MFU {e.mfu:.1%} of "
+            f"the {e.layout.precision} peak{fits}"
         )
 
     mine, plan = theirs.layout.model_dump(), ours.layout.model_dump()

@@ -139,27 +139,7 @@ def training_cost(
     )
 
 
-# ---- memory by component ------------------------------------------------------------------------------
-
-
-def memory_parts(est: Any) -> dict[str, float]:
-    """Peak bytes per GPU by component, summing exactly to `est.memory.total`.
-
-    Model states are the engine's inventory (what DeepSpeed allocates), not the ZeRO-paper convention; the
-    optimizer-step transient (fp32 gradient copies inside `step()`) counts only where it exceeds the
-    activations and buffers it replaces at that moment.
-    """
-    m, e = est.memory, est.memory.engine
-    return {
-        "params (compute copy)": e.low_precision_params,
-        "master params": e.master_params,
-        "optimizer moments": e.optimizer_moments,
-        "gradients": e.gradients,
-        "activations": m.activations,
-        "buffers": m.buffers,
-        "optimizer-step transient": max(0.0, e.step_transient - m.activations - m.buffers),
-        "framework overhead": m.framework_overhead,
-    }
+# ---- runner-ups ---------------------------------------------------------------------------------------
 
 
 def runner_ups(plan: Any, limit: int = 3) -> list[Any]:

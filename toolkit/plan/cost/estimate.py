@@ -13,19 +13,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from toolkit.plan.checkpoint_interval import CheckpointPlan, checkpoint_plan
 from toolkit.plan.cost import activations as act
 from toolkit.plan.cost.compute import stage_compute
 from toolkit.plan.cost.flops import hardware_flops_per_token, model_flops_per_token, model_tflops_per_gpu
-from toolkit.plan.cost.memory import GIB, Memory, rank_params, stage_memory
+from toolkit.plan.cost.memory import GIB, HOST_USABLE, Memory, rank_params, stage_memory
 from toolkit.plan.cost.timing import StageLoad, StepTime, sp_all_to_all_bytes, step_time
 from toolkit.plan.layout import Layout
 from toolkit.plan.params import count_params, tensor_numels, zero_grad_partition
 from toolkit.plan.specs import ClusterSpec, ModelSpec
+from toolkit.plan.units import as_bytes, format_bytes
 from toolkit.plan.zero_knobs import ZeroKnobs, derive_zero_knobs
-
-HOST_USABLE = 0.9
-"""Share of a node's host memory offloaded states may take: the OS, the ranks' own processes and page cache
-need the rest."""
 
 
 def host_fits(memory: Memory, cluster: ClusterSpec) -> bool:
@@ -36,14 +34,14 @@ def host_need(memory: Memory, cluster: ClusterSpec) -> str:
     """The host memory a layout needs per node against what may be used, by part (for refusals)."""
     n = cluster.gpus_per_node
     states = memory.engine.host_bytes * n
-    parts = [f"pinned gradient partitions and offloaded states {states / GIB:,.0f} GiB"]
+    parts = [f"pinned gradient partitions and offloaded states {format_bytes(states, 1)}"]
     if memory.host_swap:
-        parts.append(f"NVMe swap buffers {memory.host_swap * n / GIB:,.0f} GiB")
+        parts.append(f"NVMe swap buffers {format_bytes(memory.host_swap * n, 1)}")
     if memory.host_activations:
-        parts.append(f"activation checkpoints {memory.host_activations * n / GIB:,.0f} GiB")
+        parts.append(f"activation checkpoints {format_bytes(memory.host_activations * n, 1)}")
     return (
-        f"{memory.cpu_per_node / GIB:,.0f} GiB per node > {HOST_USABLE:.0%} of {cluster.cpu_memory_gib:,.0f} "
-        f"GiB ({', '.join(parts)})"
+        f"{format_bytes(memory.cpu_per_node, 1)} per node > {HOST_USABLE:.0%} of "
+        f"{format_bytes(cluster.cpu_memory_gib * GIB, 1)} ({', '.join(parts)})"
     )
 
 
@@ -122,8 +120,34 @@ class Estimate:
         """Model FLOPs utilisation: model TFLOP/s per accelerator over its peak in the layout's precision."""
         return self.tflops_per_gpu * 1e12 / self.peak_flops
 
+    def checkpoint_plan(self) -> CheckpointPlan:
+        """The checkpoint scheme of this layout (toolkit.plan.checkpoint_interval): its snapshots must fit
+        beside the host memory it takes — offloaded states, and on the CPU accelerator the ranks' whole memory,
+        which is host memory too."""
+        in_use = self.memory.cpu_per_node
+        if self.cluster.accelerator == "cpu":
+            in_use += self.memory.total * self.cluster.gpus_per_node
+        before_update = self.time.total_s - self.time.optimizer_s - self.time.offload_s
+        return checkpoint_plan(
+            self.model, self.cluster, self.layout, self.time.total_s, in_use, max(0.0, before_update)
+        )
+
+    def host_parts(self) -> dict[str, float]:
+        """Host memory per node by part: what offload takes (the `cpu_memory_per_node_bytes` the fit checks),
+        and the snapshots asynchronous checkpoint saves (`dstk train --async-save`) would hold beside it."""
+        m, n = self.memory, self.cluster.gpus_per_node
+        ckpt = self.checkpoint_plan()
+        return {
+            "offloaded_states": m.engine.host_bytes * n,
+            "nvme_swap_buffers": m.host_swap * n,
+            "activation_checkpoints": m.host_activations * n,
+            "checkpoint_snapshots": ckpt.snapshot_host_bytes if ckpt.asynchronous else 0.0,
+        }
+
     def to_dict(self) -> dict[str, Any]:
-        """The JSON of `dstk estimate --json` (documented in the README: the fields other tools read, plus breakdowns)."""
+        """The JSON of `dstk estimate --json` (documented in the README: the fields other tools read, plus
+        breakdowns). Memory is in whole bytes, and every block of parts adds up to its `total`; MFU is model
+        FLOPs over the peak of the layout's precision (`peak_flops_per_gpu`)."""
         m, t = self.memory, self.time
         return {
             "model": self.model.name,
@@ -131,39 +155,36 @@ class Estimate:
             "n_params": count_params(self.model).total,
             "n_active_params": count_params(self.model).active,
             "layout": self.layout.model_dump(),
-            "memory_per_gpu_bytes": {
-                "params": m.params,
-                "gradients": m.gradients,
-                "optimizer_states": m.optimizer_states,
-                "activations": m.activations,
-                "buffers": m.buffers,
-                "framework_overhead": m.framework_overhead,
-                "step_transient": m.engine.step_transient,
-                "total": m.total,
-            },
-            "engine_model_states_bytes": {
-                "low_precision_params": m.engine.low_precision_params,
-                "master_params": m.engine.master_params,
-                "optimizer_moments": m.engine.optimizer_moments,
-                "gradients": m.engine.gradients,
-                "total": m.engine.device_bytes,
-            },
-            "gpu_memory_bytes": self.capacity_bytes,
-            # what the comms logger of a `dstk train --comms-logger` run records as all_to_all_single
-            "sp_all_to_all_bytes_per_step": self.layout.gradient_accumulation_steps
-            * sp_all_to_all_bytes(
-                self.model,
-                self.layout,
-                max(b for b, _ in stage_blocks(self.model, self.layout.pp)),
-                self.layout.bytes_per_element,
+            "memory_per_gpu_bytes": _with_total(m.parts()),
+            "peak_phase": m.peak_phase,
+            "step_transient_bytes": as_bytes(m.engine.step_transient),
+            "engine_model_states_bytes": _with_total(
+                {
+                    "low_precision_params": m.engine.low_precision_params,
+                    "master_params": m.engine.master_params,
+                    "optimizer_moments": m.engine.optimizer_moments,
+                    "gradients": m.engine.gradients,
+                }
             ),
-            "cpu_memory_per_node_bytes": m.cpu_per_node,
-            "nvme_per_node_bytes": m.nvme_per_node,
+            "gpu_memory_bytes": as_bytes(self.capacity_bytes),
+            # what the comms logger of a `dstk train --comms-logger` run records as all_to_all_single
+            "sp_all_to_all_bytes_per_step": as_bytes(
+                self.layout.gradient_accumulation_steps
+                * sp_all_to_all_bytes(
+                    self.model,
+                    self.layout,
+                    max(b for b, _ in stage_blocks(self.model, self.layout.pp)),
+                    self.layout.bytes_per_element,
+                )
+            ),
+            "cpu_memory_per_node_bytes": as_bytes(m.cpu_per_node),
+            "host_memory_per_node_bytes": _with_total(self.host_parts()),
+            "nvme_per_node_bytes": as_bytes(m.nvme_per_node),
             "offload_per_rank_bytes": {
-                "host_states": m.engine.host_bytes,
-                "host_swap_buffers": m.host_swap,
-                "host_activations": m.host_activations,
-                "nvme": m.engine.nvme_bytes,
+                "host_states": as_bytes(m.engine.host_bytes),
+                "host_swap_buffers": as_bytes(m.host_swap),
+                "host_activations": as_bytes(m.host_activations),
+                "nvme": as_bytes(m.engine.nvme_bytes),
             },
             "fits": self.fits,
             "fits_gpu": self.fits_gpu,
@@ -188,6 +209,12 @@ class Estimate:
             "zero_knobs": self.knobs.__dict__,
             "params_per_rank": {"dense": m.rank.dense, "expert": m.rank.expert},
         }
+
+
+def _with_total(parts: dict[str, float]) -> dict[str, int]:
+    """Parts in whole bytes, and their `total`: the sum of the rounded parts, so the JSON adds up exactly."""
+    out = {k: as_bytes(v) for k, v in parts.items()}
+    return {**out, "total": sum(out.values())}
 
 
 def stage_blocks(model: ModelSpec, pp: int) -> list[tuple[int, int]]:
