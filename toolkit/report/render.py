@@ -7,6 +7,7 @@ in GB/s, model TFLOP/s and MFU against the peak of the layout's precision with t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -55,6 +56,20 @@ def console() -> Console:
     from rich.console import Console
 
     return Console(soft_wrap=True)
+
+
+def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> list[str]:
+    """Plain columns two spaces apart, as wide as their widest cell: nothing is cut at any terminal width or
+    when piped. The first `left` columns are left-aligned, the rest (figures) right-aligned."""
+    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=True)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(
+            str(c).ljust(w) if i < left else str(c).rjust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    return [line(headers), *(line(r) for r in rows)]
 
 
 def mfu_line(est: Estimate) -> str:
