@@ -186,7 +186,8 @@ def checkpoint_lines(ckpt: CheckpointPlan, cluster: ClusterSpec) -> list[str]:
     share = f" ({format_bytes(per_node, 1)} per node)" if cluster.nodes > 1 else ""
     sync = (
         f"Checkpoints: {format_bytes(ckpt.bytes, 1)} each{share}, {ckpt.write_s:.3g} s to write at "
-        f"{cluster.storage_gb_per_s:g} GB/s per node; job MTBF {ckpt.job_mtbf_s / 3600:.3g} h. Synchronous: "
+        f"{cluster.storage_gb_per_s:g} GB/s per node (cluster figure: storage_gb_per_s); job MTBF "
+        f"{ckpt.job_mtbf_s / 3600:.3g} h (cluster figure: node_mtbf_hours / nodes). Synchronous: "
         f"save every {ckpt.sync_interval_steps} steps (Young/Daly), {ckpt.sync_waste:.2%} of the time lost to "
         "saving and redoing work."
     )
