@@ -218,11 +218,11 @@ def main() -> int:
                 "shard_params": p["n_params"] / (2 if stage else 1),
                 **m,
                 "predicted_fwd_bwd_peak_bytes": base + mem["activations"] + mem["buffers"],
-                "predicted_step_peak_bytes": base + mem["step_transient"],
+                "predicted_step_peak_bytes": base + p["step_transient_bytes"],
             }
             row["step_peak_ratio"] = row["step_peak_bytes"] / row["predicted_step_peak_bytes"]
             row["step_rise_per_shard_param"] = row.pop("step_rise_bytes") / row["shard_params"]
-            row["predicted_transient_per_shard_param"] = mem["step_transient"] / row["shard_params"]
+            row["predicted_transient_per_shard_param"] = p["step_transient_bytes"] / row["shard_params"]
             rows.append(row)
             print(
                 f"ZeRO-{stage}: fwd+bwd peak {row['fwd_bwd_peak_bytes'] / MIB:.0f} MiB "

@@ -483,7 +483,7 @@ CASES: list[tuple[str, list[str], str]] = [
             "--snapshot-every",
             "2",
         ],
-        r"--snapshot-every: the shared-memory tier needs [\d,.]+ GB in /dev/shm .*GB free",
+        r"--snapshot-every: the shared-memory tier needs [\d,.]+ GiB in /dev/shm .*[KMG]iB free",
     ),
     (
         "train-init-from-missing",

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from tests.cli import dstk
-from toolkit.plan.checkpoint_interval import MEMORY_RECOVERABLE, checkpoint_lines, plan_for
+from toolkit.plan.checkpoint_interval import MEMORY_RECOVERABLE, checkpoint_lines
 from toolkit.plan.cost.estimate import estimate
 from toolkit.plan.load import load_cluster, load_model
 from toolkit.plan.planner import plan
@@ -103,7 +103,7 @@ def test_no_room_for_a_snapshot_keeps_saves_synchronous() -> None:
     model, cluster = load_model("llama-7b"), load_cluster("dgx-a100-80g", {"cpu_memory_gib": 64})
     p = plan(model, cluster, PlanQuery())
     assert p is not None
-    ck = plan_for(p.best.estimate)
+    ck = p.best.estimate.checkpoint_plan()
     assert not ck.asynchronous and ck.interval_steps == ck.sync_interval_steps
     assert ck.expected_waste == ck.sync_waste
     assert "the host has no room for a snapshot" in " ".join(p.explanation)
@@ -113,7 +113,7 @@ def test_on_the_cpu_accelerator_the_ranks_memory_is_host_memory() -> None:
     cluster = load_cluster("cpu")
     est = estimate(load_model("gpt2"), cluster, plan(load_model("gpt2"), cluster, PlanQuery()).best.layout)
     in_use = est.memory.total * cluster.gpus_per_node + est.memory.cpu_per_node
-    ck = plan_for(est)
+    ck = est.checkpoint_plan()
     room = 0.9 * cluster.cpu_memory_gib * 2**30 - in_use
     assert ck.asynchronous == (ck.bytes <= room)
 
@@ -126,15 +126,15 @@ def test_dstk_config_writes_the_tiers_dstk_train_reads(tmp_path) -> None:
     from toolkit.plan.layout import Layout
 
     layout = Layout(**block["layout"])
-    ck = plan_for(estimate(load_model("llama-7b"), load_cluster("dgx-a100-80g"), layout))
+    ck = estimate(load_model("llama-7b"), load_cluster("dgx-a100-80g"), layout).checkpoint_plan()
     assert block["checkpoint"] == {
         "asynchronous": ck.asynchronous,
         "snapshot_interval_steps": ck.snapshot_interval_steps,
     }
     assert block["checkpoint_interval_steps"] == ck.interval_steps and ck.asynchronous
     assert math.isfinite(ck.expected_waste)
-    from toolkit.run.preflight import checkpoint_tiers
     from toolkit.integrations.dstk_block import read_dstk_block
+    from toolkit.run.preflight import checkpoint_tiers
 
     args = argparse.Namespace(async_save=None, snapshot_every=None, checkpoint_dir=tmp_path)
     planned = (True, ck.snapshot_interval_steps)

@@ -54,18 +54,28 @@ def test_bad_token_counts_exit_2_naming_tokens(text: str) -> None:
     assert r.code == 2 and r.err.count("\n") == 1 and "--tokens" in r.err, r.err
 
 
-def test_gpt3_training_compute_is_the_published_3_14e23() -> None:
-    """Brown et al. 2020, Table D.1: GPT-3 175B on 300B tokens took 3.14e23 FLOPs (6·N·D)."""
-    tr = _plan(*GPT3, "--nodes", "64", "--tokens", "300B")["training"]
-    assert tr["training_flops"] == pytest.approx(3.14e23, rel=0.01)
-    assert tr["training_flops"] == pytest.approx(3.15e23, rel=0.01)
+ATTENTION_GPT3 = 12 * 96 * 96 * 128 * 2048
+"""GPT-3 175B's attention FLOPs per token, 12·L·H·Q·T (PaLM App. B): 2.9e10, 2.8 % of its 6·N."""
 
 
-def test_time_with_mfu_is_6nd_over_gpus_peak_mfu() -> None:
+def test_gpt3_training_compute_is_the_published_3_14e23_plus_attention() -> None:
+    """Brown et al. 2020, Table D.1: GPT-3 175B on 300B tokens took 3.14e23 FLOPs (6·N·D). dstk prices the
+    run in the model FLOPs of its MFU, (6·N + 12·L·H·Q·T)·D: the same 6·N·D plus attention, 3.23e23."""
+    data = _plan(*GPT3, "--nodes", "64", "--tokens", "300B")
+    tr = data["training"]
+    n = tr["n_params"]
+    assert 6 * n * 300e9 == pytest.approx(3.14e23, rel=0.01)
+    assert 6 * n * 300e9 == pytest.approx(3.15e23, rel=0.01)
+    assert tr["flops_per_token"] == 6 * n + ATTENTION_GPT3 == data["estimate"]["model_flops_per_token"]
+    assert tr["training_flops"] == pytest.approx((6 * n + ATTENTION_GPT3) * 300e9, rel=1e-12)
+    assert tr["training_flops"] == pytest.approx(3.23e23, rel=0.002)
+
+
+def test_time_with_mfu_is_model_flops_over_gpus_peak_mfu() -> None:
     data = _plan(*GPT3, "--nodes", "64", "--tokens", "300e9", "--mfu", "45%", "--price-per-gpu-hour", "2.5")
-    n = data["estimate"]["n_active_params"]
+    flops_per_token = data["estimate"]["model_flops_per_token"]
     gpus, peak = 64 * 8, 312e12  # dgx-a100-80g: 8 GPUs per node, 312 dense bf16 TFLOP/s
-    seconds = 6 * n * 300e9 / (gpus * peak * 0.45)
+    seconds = flops_per_token * 300e9 / (gpus * peak * 0.45)
     hours = seconds / 3600
     tr = data["training"]
     assert tr["time_source"] == "mfu" and tr["mfu"] == 0.45
@@ -74,7 +84,7 @@ def test_time_with_mfu_is_6nd_over_gpus_peak_mfu() -> None:
     assert tr["gpu_hours"] == pytest.approx(gpus * hours, rel=1e-12)
     assert tr["energy_kwh"] == pytest.approx(gpus * 400 * hours * 1.1 / 1000, rel=1e-12)  # 400 W, PUE 1.1
     assert tr["cost"] == pytest.approx(gpus * hours * 2.5, rel=1e-12)
-    assert 50.5 < tr["days"] < 50.7  # 3.143e23 FLOPs / (512 × 312e12 × 0.45 FLOP/s) = 4.372e6 s = 50.6 days
+    assert 51.9 < tr["days"] < 52.1  # 3.229e23 FLOPs / (512 × 312e12 × 0.45 FLOP/s) = 4.492e6 s = 52.0 days
     pue = _plan(*GPT3, "--nodes", "64", "--tokens", "300e9", "--mfu", "0.45", "--pue", "1.5")["training"]
     assert pue["energy_kwh"] == pytest.approx(tr["energy_kwh"] * 1.5 / 1.1, rel=1e-12)
     assert pue["cost"] is None and pue["seconds"] == pytest.approx(seconds, rel=1e-12)
@@ -82,28 +92,40 @@ def test_time_with_mfu_is_6nd_over_gpus_peak_mfu() -> None:
 
 def test_time_without_mfu_comes_from_the_plans_tokens_per_s() -> None:
     data = _plan(*GPT3, "--nodes", "64", "--tokens", "300e9")
-    tps, n = data["estimate"]["tokens_per_s"], data["estimate"]["n_active_params"]
+    tps, flops_per_token = data["estimate"]["tokens_per_s"], data["estimate"]["model_flops_per_token"]
     tr = data["training"]
     assert tr["time_source"] == "plan"
     assert tr["seconds"] == pytest.approx(300e9 / tps, rel=1e-12)
     assert tr["gpu_hours"] == pytest.approx(512 * 300e9 / tps / 3600, rel=1e-12)
-    assert tr["mfu"] == pytest.approx(6 * n * tps / (512 * 312e12), rel=1e-12)
-    # the plan's own MFU counts attention as well (PaLM): slightly above the 6·N·D one
-    assert data["estimate"]["mfu"] > tr["mfu"] > 0.97 * data["estimate"]["mfu"]
+    assert tr["mfu"] == pytest.approx(flops_per_token * tps / (512 * 312e12), rel=1e-12)
+    # one MFU: the training cost's is the plan's own
+    assert tr["mfu"] == pytest.approx(data["estimate"]["mfu"], rel=1e-12)
+
+
+def test_the_plans_own_mfu_given_back_gives_the_plans_time() -> None:
+    """`--mfu` reads the convention the plan prints: feeding the plan's MFU back changes nothing."""
+    plan = _plan(*GPT3, "--nodes", "64", "--tokens", "300e9")
+    again = _plan(*GPT3, "--nodes", "64", "--tokens", "300e9", "--mfu", repr(plan["estimate"]["mfu"]))
+    assert again["training"]["time_source"] == "mfu"
+    assert again["training"]["seconds"] == pytest.approx(plan["training"]["seconds"], rel=1e-9)
 
 
 def test_energy_of_gpt3_matches_patterson_et_al(tmp_path) -> None:
     """Patterson et al. 2021 (arXiv:2104.10350, Table 4): GPT-3 on 10,000 V100s for 14.8 days at 330 W per
-    processor and PUE 1.10 took 1,287 MWh. With --mfu set to the utilisation those days imply, the energy
-    (GPUs × W × hours × PUE) does not depend on how many GPUs the plan uses."""
+    processor and PUE 1.10 took 1,287 MWh. With --mfu set to the utilisation those days imply (in dstk's
+    convention: its model FLOPs for 300B tokens over those GPU-days), the energy (GPUs × W × hours × PUE) does
+    not depend on how many GPUs the plan uses."""
     import yaml
+
+    from toolkit.plan.cost.flops import model_flops_per_token
 
     cluster = tmp_path / "v100.yaml"
     spec = {"name": "v100-gpt3", "nodes": 64, "gpus_per_node": 16, "gpu_memory_gib": 31.7}
     spec |= {"gpu_peak_tflops": 125, "intra_node_gb_per_s": 120, "inter_node_gb_per_s": 6}
     spec |= {"cpu_memory_gib": 1500, "supports_bf16": False, "gpu_power_w": 330}
     cluster.write_text(yaml.safe_dump(spec))
-    mfu = 3.14e23 / (10_000 * 125e12 * 14.8 * 86400)
+    flops = model_flops_per_token(load_model("gpt3-175b")) * 300e9
+    mfu = flops / (10_000 * 125e12 * 14.8 * 86400)
     tr = _plan(
         "plan", "--model", "gpt3-175b", "--cluster", str(cluster), "--global-batch", "1536", "--target", "megatron",
         "--tokens", "300e9", "--mfu", str(mfu),

@@ -21,8 +21,8 @@ def _est(model, cluster, **layout):
 
 
 def _model_states(e) -> float:
-    m = e.memory
-    return m.params + m.gradients + m.optimizer_states
+    """Model states per rank in the ZeRO paper's convention (not the engine's inventory)."""
+    return e.memory.zero_paper.total
 
 
 @pytest.mark.parametrize(("stage", "gb"), [(0, 120), (1, 31.4), (2, 16.6), (3, 1.875)])
@@ -122,12 +122,26 @@ def test_block_activations_match_what_hf_gpt2_saves() -> None:
 
 
 def test_palm_flops_convention() -> None:
-    """6N + 12·L·H·Q·T per token (PaLM App. B); full recomputation adds one forward (×4/3 of the 6N part)."""
+    """6N + 12·L·H·Q·T per token (PaLM App. B), N without the learned position table (a lookup, no FLOPs; the
+    tied word embedding stays: it is the LM head's matmul); full recomputation adds one forward (×4/3), and
+    without recomputation the hardware FLOPs are the model FLOPs."""
     model = load_model("gpt3-175b")
-    n, attn = count_params(model).total, 12 * 96 * 96 * 128 * 2048
+    pc = count_params(model)
+    n, attn = pc.total - pc.position_embedding, 12 * 96 * 96 * 128 * 2048
+    assert pc.position_embedding == 2048 * 12288 and pc.lm_head == 0
     assert model_flops_per_token(model) == 6 * n + attn
     none, full = hardware_flops_per_token(model, "none"), hardware_flops_per_token(model, "full")
+    assert none == model_flops_per_token(model)
     assert full / none == pytest.approx(4 / 3, rel=1e-9)
+
+
+def test_untied_input_embedding_is_a_lookup_not_flops() -> None:
+    """Llama's input embedding is looked up, not multiplied; its LM head is a matmul and counts."""
+    model = load_model("llama-7b")
+    pc = count_params(model)
+    assert pc.lm_head == pc.word_embedding == 32000 * 4096
+    attn = 12 * 32 * 32 * 128 * 4096
+    assert model_flops_per_token(model) == 6 * (pc.total - pc.word_embedding) + attn
 
 
 def test_gpt3_175b_training_flops() -> None:

@@ -67,6 +67,7 @@ def _ls(ckpt_dir: Path) -> int:
     import json
 
     from toolkit.errors import UserError
+    from toolkit.plan.units import format_bytes
     from toolkit.run.checkpoint import MANIFEST, check, memory_tier, newest_complete
 
     if (ckpt_dir / MANIFEST).is_file():
@@ -89,7 +90,9 @@ def _ls(ckpt_dir: Path) -> int:
             flags = " (universal)" if universal else ""
             state = f"incomplete: {problem}" if problem else f"complete{flags}"
             mark = "  <- --resume auto" if tag_dir == loads else ""
-            rows.append((tag_dir.name, tier, f"{tier:<6}  {tag_dir}  {size / 2**20:9.1f} MiB  {state}{mark}"))
+            rows.append(
+                (tag_dir.name, tier, f"{tier:<6}  {tag_dir}  {format_bytes(size, 1):>12}  {state}{mark}")
+            )
     if not rows:
         print(f"no checkpoints in {ckpt_dir} (nor shared-memory snapshots of it)")
         return 0

@@ -85,9 +85,22 @@ def run(args: argparse.Namespace) -> int:
     for key, value in local["hardware"].items():
         print(f"{key:>14}: {value}")
     print(f"{'calibration':>14}: {local['calibration'] or 'none for this host (run dstk calibrate)'}")
-    for key, value in local["cluster"].items():
-        source = local["sources"].get(key)
-        print(f"  {key:<24}{value!s:<28}{source or ''}")
+    print("\n".join(field_lines(local["cluster"], local["sources"])))
     for line in local["unknown"]:
         print(f"  unknown: {line}")
     return 0
+
+
+def field_lines(cluster: dict[str, object], sources: dict[str, str]) -> list[str]:
+    """One line per field, YAML-like (`key: value  # source`): a value of any length (a dict of bandwidths)
+    pushes only its own comment right, never into it; values are padded to the short ones' width."""
+
+    def show(value: object) -> str:
+        if isinstance(value, dict):
+            return "{" + ", ".join(f"{k}: {v}" for k, v in value.items()) + "}"
+        return str(value)
+
+    values = {k: show(v) for k, v in cluster.items()}
+    key_w = max(map(len, values)) + 1
+    value_w = max((len(v) for v in values.values() if len(v) <= 28), default=0)
+    return [f"  {key + ':':<{key_w}} {v:<{value_w}}  # {sources.get(key, '-')}" for key, v in values.items()]

@@ -56,8 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cost.add_argument(
         "--mfu",
         metavar="M",
-        help="take the time from this model FLOPs utilisation (0.45 or 45%%): 6·N·D / (GPUs · peak · MFU), "
-        "instead of from the plan's predicted tokens/s",
+        help="take the time from this model FLOPs utilisation (0.45 or 45%%), in the convention of the plan's "
+        "own MFU: (6·N + 12·L·H·Q·T)·D / (GPUs · peak · MFU), instead of from the plan's predicted tokens/s",
     )
     cost.add_argument(
         "--pue",
@@ -136,13 +136,14 @@ def _cost_inputs(args: argparse.Namespace) -> dict[str, Any] | None:
 
 def _training(inputs: dict[str, Any], model: Any, cluster: Any, best: Any) -> dict[str, Any]:
     """The `training` block: time, GPU-hours, energy and cost of the token budget (toolkit.report.cost)."""
-    from toolkit.plan.params import count_params
+    from toolkit.plan.cost.flops import matmul_params
     from toolkit.report.cost import training_cost
 
     cost = training_cost(
-        n_params=count_params(model).active,
+        flops_per_token=best.estimate.model_flops_per_token,
+        n_params=matmul_params(model),
         gpus=best.layout.world_size,
-        peak_flops_per_gpu=cluster.peak_flops(best.layout.precision),
+        peak_flops_per_gpu=best.estimate.peak_flops,
         plan_tokens_per_s=best.estimate.tokens_per_s,
         gpu_power_w=cluster.gpu_power_w,
         **inputs,
@@ -259,9 +260,9 @@ def run(args: argparse.Namespace) -> int:
         how = "at --mfu" if t["time_source"] == "mfu" else "at the planned tokens/s"
         cost = f", cost {t['cost']:,.0f}" if t["cost"] is not None else ""
         print(
-            f"Training {t['tokens']:.3g} tokens ({t['training_flops']:.3g} FLOPs, 6·N·D): {t['days']:.1f} days "
-            f"{how} (MFU {t['mfu']:.1%}), {t['gpu_hours']:,.0f} GPU-hours, {t['energy_kwh'] / 1000:,.1f} MWh "
-            f"(PUE {t['pue']:g}){cost}"
+            f"Training {t['tokens']:.3g} tokens ({t['training_flops']:.3g} model FLOPs, (6·N + 12·L·H·Q·T)·D): "
+            f"{t['days']:.1f} days {how} (MFU {t['mfu']:.1%}), {t['gpu_hours']:,.0f} GPU-hours, "
+            f"{t['energy_kwh'] / 1000:,.1f} MWh (PUE {t['pue']:g}){cost}"
         )
     for r in data.get("scaling", []):
         if r["tokens_per_s"] is None:
@@ -278,12 +279,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _comparison(path: Path, theirs: Any, ours: Any) -> str:
     """One paragraph: the user's config beside the plan, and what differs between them."""
-    gib = 2**30
+    from toolkit.plan.units import format_bytes
 
     def said(e: Any) -> str:
         fits = "" if e.fits else " (does not fit)"
+        # an MFU is a share of one precision's peak: name it, or fp32's 68 % reads as better than bf16's 62 %
         return (
-            f"{e.memory.total / gib:.1f} GiB per GPU, {e.tokens_per_s:,.0f} tokens/s, MFU {e.mfu:.1%}{fits}"
+            f"{format_bytes(e.memory.total, 1)} per GPU, {e.tokens_per_s:,.0f} tokens/s, MFU {e.mfu:.1%} of "
+            f"the {e.layout.precision} peak{fits}"
         )
 
     mine, plan = theirs.layout.model_dump(), ours.layout.model_dump()

@@ -53,65 +53,50 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"models": model_rows, "clusters": cluster_rows})
         return 0
-    from rich.console import Console
-    from rich.table import Table
+    from toolkit.plan.units import format_count
+    from toolkit.report.render import text_table
 
-    table = Table(title="Model presets (--model)")
-    for col in (
-        "name",
-        "arch",
-        "params",
-        "active",
-        "layers",
-        "hidden",
-        "heads/kv",
-        "vocab",
-        "seq",
-        "experts",
-    ):
-        table.add_column(col, justify="left" if col in ("name", "arch") else "right")
-    for r in model_rows:
-        experts = f"{r['num_experts']} top-{r['moe_top_k']}" if r["num_experts"] else "-"
-        table.add_row(
-            r["name"],
-            r["architecture"],
-            f"{r['n_params'] / 1e9:,.2f}B",
-            f"{r['n_active_params'] / 1e9:,.2f}B",
-            str(r["n_layers"]),
-            str(r["hidden_size"]),
-            f"{r['n_heads']}/{r['n_kv_heads']}",
-            str(r["vocab_size"]),
-            str(r["seq_length"]),
-            experts,
-        )
-    ctable = Table(title="Cluster presets (--cluster, one node; --nodes N to scale)")
-    for col in (
-        "name",
-        "accel",
-        "gpus/node",
-        "mem GiB",
-        "peak TF",
-        "intra GB/s",
-        "inter GB/s",
-        "CPU GiB",
-        "NVMe GiB",
-        "W/GPU",
-    ):
-        ctable.add_column(col, justify="left" if col in ("name", "accel") else "right")
-    for r in cluster_rows:
-        ctable.add_row(
-            r["name"],
-            r["accelerator"],
-            str(r["gpus_per_node"]),
-            f"{r['gpu_memory_gib']:g}",
-            f"{r['gpu_peak_tflops']:g}",
-            f"{r['intra_node_gb_per_s']:g}",
-            f"{r['inter_node_gb_per_s']:g}",
-            f"{r['cpu_memory_gib']:g}",
-            f"{r['nvme_gib']:g}",
-            f"{r['gpu_power_w']:g}",
-        )
-    console = Console()
-    console.print(table)
-    console.print(ctable)
+    models_table = text_table(
+        ("name", "arch", "params", "active", "layers", "hidden", "heads/kv", "vocab", "seq", "experts"),
+        [
+            (
+                r["name"],
+                r["architecture"],
+                format_count(r["n_params"]),
+                format_count(r["n_active_params"]),
+                str(r["n_layers"]),
+                str(r["hidden_size"]),
+                f"{r['n_heads']}/{r['n_kv_heads']}",
+                str(r["vocab_size"]),
+                str(r["seq_length"]),
+                f"{r['num_experts']} top-{r['moe_top_k']}" if r["num_experts"] else "-",
+            )
+            for r in model_rows
+        ],
+        left=2,
+    )
+    clusters_table = text_table(
+        ("name", "accel", "GPUs", "GiB", "TFLOP/s", "intra GB/s", "inter GB/s", "CPU GiB", "NVMe GiB", "W"),
+        [
+            (
+                r["name"],
+                r["accelerator"],
+                str(r["gpus_per_node"]),
+                f"{r['gpu_memory_gib']:g}",
+                f"{r['gpu_peak_tflops']:g}",
+                f"{r['intra_node_gb_per_s']:g}",
+                f"{r['inter_node_gb_per_s']:g}",
+                f"{r['cpu_memory_gib']:g}",
+                f"{r['nvme_gib']:g}",
+                f"{r['gpu_power_w']:g}",
+            )
+            for r in cluster_rows
+        ],
+        left=2,
+    )
+    print("Model presets (--model); params, and active params per token, in K/M/B/T:")
+    print("\n".join(models_table))
+    print("\nCluster presets (--cluster; one node each, --nodes N to scale). GPUs per node; per GPU: memory,")
+    print("16-bit peak, intra- and inter-node bandwidth, power; per node: CPU memory and NVMe:")
+    print("\n".join(clusters_table))
     return 0

@@ -211,10 +211,9 @@ def build_ds_config(
         **_optimizer_blocks(model, cluster, layout, opts),
         **_logging_blocks(opts),
     }
-    from toolkit.plan.checkpoint_interval import plan_for
     from toolkit.plan.cost.estimate import estimate
 
-    ckpt = plan_for(estimate(model, cluster, layout))
+    ckpt = estimate(model, cluster, layout).checkpoint_plan()
     cfg[DSTK_KEY] = {
         "model": model.name,
         "layout": layout.model_dump(),

@@ -31,11 +31,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from toolkit.plan.cost.estimate import HOST_USABLE, Estimate
-from toolkit.plan.cost.memory import GIB
+from toolkit.plan.cost.memory import HOST_USABLE
 from toolkit.plan.layout import Layout
 from toolkit.plan.params import count_params
 from toolkit.plan.specs import ClusterSpec, ModelSpec
+from toolkit.plan.units import GIB, as_bytes, format_bytes
 
 MEMORY_RECOVERABLE = 0.23
 """Share of job interruptions that leave the nodes and their memory up, so a shared-memory snapshot recovers
@@ -73,7 +73,8 @@ class CheckpointPlan:
     several nodes, or no host memory for a second snapshot)."""
 
     def to_dict(self) -> dict[str, float]:
-        return dict(self.__dict__)
+        """JSON: every field, byte figures in whole bytes."""
+        return {k: as_bytes(v) if k.endswith("bytes") else v for k, v in self.__dict__.items()}
 
 
 def checkpoint_bytes(model: ModelSpec, layout: Layout) -> float:
@@ -171,23 +172,22 @@ def _tiers(
     return waste + memory_s / tau_m + f * (tau_m / 2 + stall_s) / mtbf_s, disk_steps, snap_steps
 
 
-def plan_for(est: Estimate) -> CheckpointPlan:
-    """The checkpoint scheme of an estimated layout: its snapshots must fit beside the host memory it takes —
-    offloaded states, and on the CPU accelerator the ranks' whole memory, which is host memory too."""
-    in_use = est.memory.cpu_per_node
-    if est.cluster.accelerator == "cpu":
-        in_use += est.memory.total * est.cluster.gpus_per_node
-    before_update = est.time.total_s - est.time.optimizer_s - est.time.offload_s
-    return checkpoint_plan(
-        est.model, est.cluster, est.layout, est.time.total_s, in_use, max(0.0, before_update)
+def _snapshots_held(ckpt: CheckpointPlan) -> str:
+    return (
+        "the disk tier's, and the shared-memory tier's newest beside the one being written"
+        if ckpt.snapshot_interval_steps
+        else "the disk tier's, until it is written"
     )
 
 
 def checkpoint_lines(ckpt: CheckpointPlan, cluster: ClusterSpec) -> list[str]:
     """The plan explanation's checkpoint lines: the synchronous scheme, and the tiers chosen when they fit."""
+    per_node = ckpt.bytes / cluster.nodes
+    share = f" ({format_bytes(per_node, 1)} per node)" if cluster.nodes > 1 else ""
     sync = (
-        f"Checkpoints: {ckpt.bytes / 1e9:,.1f} GB each, {ckpt.write_s:.3g} s to write at "
-        f"{cluster.storage_gb_per_s:g} GB/s per node; job MTBF {ckpt.job_mtbf_s / 3600:.3g} h. Synchronous: "
+        f"Checkpoints: {format_bytes(ckpt.bytes, 1)} each{share}, {ckpt.write_s:.3g} s to write at "
+        f"{cluster.storage_gb_per_s:g} GB/s per node (cluster figure: storage_gb_per_s); job MTBF "
+        f"{ckpt.job_mtbf_s / 3600:.3g} h (cluster figure: node_mtbf_hours / nodes). Synchronous: "
         f"save every {ckpt.sync_interval_steps} steps (Young/Daly), {ckpt.sync_waste:.2%} of the time lost to "
         "saving and redoing work."
     )
@@ -202,8 +202,9 @@ def checkpoint_lines(ckpt: CheckpointPlan, cluster: ClusterSpec) -> list[str]:
     lines = [
         sync,
         f"Asynchronous (dstk train --async-save): each save stalls training {ckpt.snapshot_s:.3g} s (the copy "
-        f"to host memory, {ckpt.snapshot_host_bytes / 1e9:,.1f} GB per node in flight) and persists in the "
-        f"background; {tiers}: {ckpt.expected_waste:.2%} of the time lost.",
+        f"of {format_bytes(per_node, 1)} per node to host memory) and persists in the background; {tiers}: "
+        f"{ckpt.expected_waste:.2%} of the time lost. Snapshots hold {format_bytes(ckpt.snapshot_host_bytes, 1)} "
+        f"of host memory per node ({_snapshots_held(ckpt)}).",
     ]
     if not ckpt.snapshot_interval_steps:
         recovers = f"it recovers the {MEMORY_RECOVERABLE:.0%} of failures that leave the node up"

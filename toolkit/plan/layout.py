@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from toolkit.errors import UserError
 from toolkit.plan.specs import ClusterSpec, Precision
+from toolkit.plan.units import format_tflops
 
 Recompute = Literal["none", "selective", "full"]
 OffloadDevice = Literal["none", "cpu", "nvme"]
@@ -224,8 +225,7 @@ def precision_reason(cluster: ClusterSpec, precision: Precision) -> str:
     """Why `default_precision` chose `precision` on this cluster, with the throughputs it compared."""
 
     def rate(p: Precision) -> str:
-        flops = cluster.peak_flops(p)
-        return f"{flops / 1e12:,.4g} TFLOP/s" if flops >= 1e12 else f"{flops / 1e9:,.3g} GFLOP/s"
+        return format_tflops(cluster.peak_flops(p))  # one unit in the sentence, however small
 
     if precision == "fp32":
         if cluster.supports("bf16"):

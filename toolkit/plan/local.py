@@ -109,6 +109,9 @@ def _cpu_cluster(cpu: CpuInfo, ranks: int, det: Detection, calibrated: bool) -> 
     det.sources["gpu_fp32_peak_tflops"] = (
         f"/proc/cpuinfo: {cpu.fp32_flops_per_cycle()} fp32 FLOP/cycle × {ghz:.2f} GHz × {cores} cores"
     )
+    det.sources["accelerator"] = "no GPU found by nvidia-smi: the CPU accelerator"
+    det.sources["supports_bf16"] = f"/proc/cpuinfo: {isa}" + ("" if cpu.bf16_native else " (bf16 emulated)")
+    det.sources["supports_fp16"] = "the CPU accelerator trains in bf16 or fp32"
     det.sources["gpus_per_node"] = (
         f"{cpu.logical_cpus} logical CPUs → {ranks} ranks of {cores} cores (one rank per NUMA node, else 2)"
     )
@@ -130,6 +133,7 @@ def _gpu_cluster(gpus: list[GpuInfo], det: Detection) -> None:
     first = gpus[0]
     det.cluster.update(accelerator="cuda", gpus_per_node=len(gpus))
     det.sources["gpus_per_node"] = f"nvidia-smi: {len(gpus)} GPUs"
+    det.sources["accelerator"] = f"nvidia-smi: {first.name}"
     if first.memory_mib:
         # the driver and ECC keep ~1 % of memory.total (A100-80GB: 81,920 MiB listed, ~79.2 GiB allocatable)
         det.cluster["gpu_memory_gib"] = round(0.99 * first.memory_mib / 1024, 1)
@@ -178,6 +182,7 @@ def _gpu_cluster(gpus: list[GpuInfo], det: Detection) -> None:
         "gpu_peak_tflops",
         "gpu_fp32_peak_tflops",
         "supports_bf16",
+        "supports_fp16",
         "gpu_memory_gb_per_s",
         "gpu_power_w",
     ):
@@ -259,8 +264,12 @@ def detect(
     if gpus:
         det.unknown.append("inter_node_gb_per_s (one node detected): assumed 25 GB/s per GPU")
         det.cluster["inter_node_gb_per_s"] = 25.0
+        det.sources["inter_node_gb_per_s"] = "assumed 25 GB/s per GPU (one node: not measured)"
     else:
         det.cluster["inter_node_gb_per_s"] = det.cluster.get("intra_node_gb_per_s", 1.0)
+        det.sources["inter_node_gb_per_s"] = "intra_node_gb_per_s (one host: no traffic between nodes)"
+    det.sources.setdefault("name", "--cluster local: this machine")
+    det.sources.setdefault("nodes", "--cluster local: this machine")
     if calibrated:
         measured = yaml.safe_load(path.read_text()) or {}
         measured.pop("name", None)

@@ -18,7 +18,7 @@ from typing import Any
 
 from toolkit.errors import UserError
 from toolkit.plan import recipes
-from toolkit.plan.checkpoint_interval import CheckpointPlan, checkpoint_lines, plan_for
+from toolkit.plan.checkpoint_interval import CheckpointPlan, checkpoint_lines
 from toolkit.plan.cost.activations import runtime_flash_attention
 from toolkit.plan.cost.estimate import (
     Estimate,
@@ -34,6 +34,7 @@ from toolkit.plan.params import count_params
 from toolkit.plan.query import SEARCHED, PlanQuery
 from toolkit.plan.rules import broken_rules
 from toolkit.plan.specs import ClusterSpec, ModelSpec
+from toolkit.plan.units import format_bytes
 
 NEAR_TIE = 0.02
 """Layouts within 2 % of the best predicted throughput count as ties; the simplest of them wins."""
@@ -196,7 +197,7 @@ class _Search:
         """Why a layout does not fit (None when it does): the accelerator, the host or the NVMe. A layout the
         GPUs hold but the host does not is remembered, smallest host need first, for the refusal message."""
         if mem.total > self.usable:
-            return f"does not fit: needs {mem.total / GIB:.1f} GiB > {self.usable / GIB:.1f} GiB usable"
+            return f"does not fit: needs {format_bytes(mem.total, 1)} > {format_bytes(self.usable, 1)} usable"
         if not host_fits(mem, self.cluster):
             why = f"does not fit in host memory: {host_need(mem, self.cluster)}"
             if self.closest_host is None or mem.cpu_per_node < self.closest_host[0]:
@@ -204,8 +205,8 @@ class _Search:
             return why
         if not nvme_fits(mem, self.cluster):
             return (
-                f"does not fit on NVMe: {mem.nvme_per_node / GIB:,.0f} GiB per node > "
-                f"{self.cluster.nvme_gib:,.0f} GiB"
+                f"does not fit on NVMe: {format_bytes(mem.nvme_per_node, 1)} per node > "
+                f"{format_bytes(self.cluster.nvme_gib * GIB, 1)}"
             )
         return None
 
@@ -273,6 +274,24 @@ def _counterfactuals(best: Candidate, search: _Search) -> list[tuple[str, Candid
     return out
 
 
+def _memory_line(mem: Memory, search: _Search) -> str:
+    """The peak per GPU against the usable memory, as parts that add up to it."""
+    parts = [
+        f"model states {format_bytes(mem.engine.device_bytes, 1)}",
+        f"activations {format_bytes(mem.activations, 1)}",
+        f"buffers {format_bytes(mem.buffers, 1)}",
+        f"framework overhead {format_bytes(mem.framework_overhead, 1)}",
+    ]
+    if mem.step_transient_excess:
+        parts.append(
+            f"optimizer step above activations + buffers {format_bytes(mem.step_transient_excess, 1)}"
+        )
+    return (
+        f"Memory per GPU {format_bytes(mem.total, 1)} of {format_bytes(search.usable, 1)} usable "
+        f"({search.cluster.gpu_memory_gib:g} GiB less the safety margin): {' + '.join(parts)}."
+    )
+
+
 def _explain(best: Candidate, alternatives: list[tuple[str, Candidate]], search: _Search) -> list[str]:
     est = best.estimate
     assert est is not None
@@ -280,9 +299,7 @@ def _explain(best: Candidate, alternatives: list[tuple[str, Candidate]], search:
     lines = [
         f"{best.layout.describe()}: {est.tokens_per_s:,.0f} tokens/s, MFU {est.mfu:.1%}, step {t.total_s:.3g} s; "
         f"best of {len(search.fitting)} fitting layouts ({search.searched} estimated).",
-        f"Memory per GPU {mem.total / GIB:.1f} GiB of {search.usable / GIB:.1f} GiB usable "
-        f"({search.cluster.gpu_memory_gib:g} GiB less the safety margin): model states {mem.engine.device_bytes / GIB:.1f}, "
-        f"activations {mem.activations / GIB:.1f}, buffers {mem.buffers / GIB:.1f}, overhead {mem.framework_overhead / GIB:.1f}.",
+        _memory_line(mem, search),
         f"Step time {t.total_s:.3g} s: compute {t.compute_s:.3g}, pipeline bubble {t.pipeline_bubble_s:.3g}, "
         f"TP/EP/SP/PP comm {t.model_parallel_comm_s:.3g}, exposed data-parallel comm {t.data_parallel_comm_s:.3g}, "
         f"optimizer {t.optimizer_s:.3g}, offload {t.offload_s:.3g}.",
@@ -314,7 +331,7 @@ def plan(model: ModelSpec, cluster: ClusterSpec, query: PlanQuery | None = None)
     best = _pick(search.fitting)
     alternatives = _counterfactuals(best, search)
     assert best.estimate is not None
-    ckpt = plan_for(best.estimate)
+    ckpt = best.estimate.checkpoint_plan()
     explanation = _explain(best, alternatives, search)
     explanation[3:3] = checkpoint_lines(ckpt, cluster)
     return Plan(

@@ -1,11 +1,12 @@
 """What a training run will cost: time, GPU-hours, energy and money for a token budget, plus the memory and
 scaling figures of `dstk plan --report` (pure; matplotlib is imported only to draw the PNGs).
 
-Training compute is Kaplan et al. 2020's C ≈ 6·N·D (N active parameters, D tokens): for GPT-3 175B on 300B
-tokens 3.14e23 FLOPs, as Brown et al. 2020 (Table D.1) report. With `--mfu` the time is that over the
-cluster's peak at that utilisation, 6·N·D / (GPUs · peak · MFU); without it, the time comes from the plan's
-predicted tokens/s (whose own MFU counts attention too, PaLM's 6N + 12·L·H·Q·T), and the MFU shown is the
-one it implies in the 6·N·D convention. Energy = GPUs · gpu_power_w · hours · PUE / 1000 kWh.
+Training compute is the plan's model FLOPs per token times the tokens D: (6·N + 12·L·H·Q·T)·D, the PaLM
+convention behind the plan's MFU (toolkit.plan.cost.flops), so one MFU describes both. Its 6·N·D part is
+Kaplan et al. 2020's C ≈ 6·N·D — for GPT-3 175B on 300B tokens 3.14e23 FLOPs, as Brown et al. 2020 (Table
+D.1) report; attention adds 2.8 % at 2,048 tokens. With `--mfu` the time is that compute over the cluster's
+peak at that utilisation, C / (GPUs · peak · MFU); without it, the time comes from the plan's predicted
+tokens/s, and the MFU shown is the plan's own. Energy = GPUs · gpu_power_w · hours · PUE / 1000 kWh.
 """
 
 from __future__ import annotations
@@ -57,15 +58,17 @@ class TrainingCost:
     """Time, GPU-hours, energy and cost of training `tokens` tokens on `gpus` accelerators."""
 
     tokens: float
+    flops_per_token: float
+    """Model FLOPs per token, 6·N + 12·L·H·Q·T (toolkit.plan.cost.flops): the plan's MFU convention."""
     n_params: float
-    """N of 6·N·D: active parameters per token."""
+    """N of 6·N: the parameters a token multiplies by."""
     training_flops: float
     gpus: int
     peak_flops_per_gpu: float
     mfu: float
-    """Used (`--mfu`) or implied by the plan's tokens/s, in the 6·N·D convention."""
+    """Used (`--mfu`) or implied by the plan's tokens/s (then the plan's own MFU)."""
     time_source: str
-    """"mfu" (6·N·D / (GPUs · peak · MFU)) or "plan" (tokens / the plan's predicted tokens/s)."""
+    """"mfu" (training FLOPs / (GPUs · peak · MFU)) or "plan" (tokens / the plan's predicted tokens/s)."""
     tokens_per_s: float
     seconds: float
     gpu_power_w: float
@@ -91,7 +94,6 @@ class TrainingCost:
     def to_dict(self) -> dict[str, Any]:
         return {
             **asdict(self),
-            "flops_per_token": 6 * self.n_params,
             "hours": self.hours,
             "days": self.seconds / 86400,
             "gpu_hours": self.gpu_hours,
@@ -103,6 +105,7 @@ class TrainingCost:
 def training_cost(
     *,
     tokens: float,
+    flops_per_token: float,
     n_params: float,
     gpus: int,
     peak_flops_per_gpu: float,
@@ -113,7 +116,7 @@ def training_cost(
     mfu: float | None = None,
 ) -> TrainingCost:
     """The cost of `tokens` (see the module docstring for the two ways the time is found)."""
-    flops = 6 * n_params * tokens
+    flops = flops_per_token * tokens
     if mfu is not None:
         seconds, source = flops / (gpus * peak_flops_per_gpu * mfu), "mfu"
     else:
@@ -121,6 +124,7 @@ def training_cost(
         mfu = flops / (seconds * gpus * peak_flops_per_gpu)
     return TrainingCost(
         tokens=tokens,
+        flops_per_token=flops_per_token,
         n_params=n_params,
         training_flops=flops,
         gpus=gpus,
@@ -135,27 +139,7 @@ def training_cost(
     )
 
 
-# ---- memory by component ------------------------------------------------------------------------------
-
-
-def memory_parts(est: Any) -> dict[str, float]:
-    """Peak bytes per GPU by component, summing exactly to `est.memory.total`.
-
-    Model states are the engine's inventory (what DeepSpeed allocates), not the ZeRO-paper convention; the
-    optimizer-step transient (fp32 gradient copies inside `step()`) counts only where it exceeds the
-    activations and buffers it replaces at that moment.
-    """
-    m, e = est.memory, est.memory.engine
-    return {
-        "params (compute copy)": e.low_precision_params,
-        "master params": e.master_params,
-        "optimizer moments": e.optimizer_moments,
-        "gradients": e.gradients,
-        "activations": m.activations,
-        "buffers": m.buffers,
-        "optimizer-step transient": max(0.0, e.step_transient - m.activations - m.buffers),
-        "framework overhead": m.framework_overhead,
-    }
+# ---- runner-ups ---------------------------------------------------------------------------------------
 
 
 def runner_ups(plan: Any, limit: int = 3) -> list[Any]:

@@ -1,71 +1,113 @@
-"""Human-readable tables of estimates (rich), shared by `estimate`, `plan` and the demo."""
+"""Human-readable tables of estimates and plans, shared by `estimate`, `plan` and the report.
+
+Figures follow one convention (toolkit.plan.units, stated at the top of the output): memory in GiB, bandwidth
+in GB/s, model TFLOP/s and MFU against the peak of the layout's precision with the executed TFLOP/s
+(recomputation included) beside them. Every table of parts adds up to its total.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from toolkit.plan.params import count_params
+from toolkit.plan.units import GIB, UNITS_NOTE, format_bytes, format_count
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from toolkit.plan.cost.estimate import Estimate
 
-GB = 1e9
+
+def memory_labels(precision: str | None = None) -> dict[str, str]:
+    """What each part of `Memory.parts()` (the JSON's `memory_per_gpu_bytes`) is, for people."""
+    return {
+        "params": f"params ({precision + ' ' if precision else ''}working copy)",
+        "gradients": "gradients",
+        "optimizer_states": "optimizer states (fp32 master, moments)",
+        "activations": "activations",
+        "buffers": "buffers (buckets, ZeRO-3 gathers)",
+        "framework_overhead": "framework overhead (cluster figure)",
+        "step_transient_excess": "optimizer step above activations + buffers",
+    }
 
 
-def human_bytes(n: float) -> str:
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n:.0f} B"
+def memory_parts(est: Estimate) -> dict[str, float]:
+    """Peak bytes per GPU by component, named for people, summing to `est.memory.total` (`Memory.parts()`,
+    as the tables and the JSON show them); one set of names for layouts of different precisions (charts)."""
+    labels = memory_labels()
+    return {labels[k]: v for k, v in est.memory.parts().items()}
 
 
-def human_count(n: float) -> str:
-    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f}{unit}"
-    return f"{n:.0f}"
+HOST_LABELS = {
+    "offloaded_states": "offloaded states and gradient buffers",
+    "nvme_swap_buffers": "NVMe swap buffers",
+    "activation_checkpoints": "offloaded activation checkpoints",
+    "checkpoint_snapshots": "checkpoint snapshots (with --async-save)",
+}
+"""What each part of `Estimate.host_parts()` (the JSON's `host_memory_per_node_bytes`) is, for people."""
+
+
+def console() -> Console:
+    """A rich console whose free-text lines never wrap mid-record: a terminal folds a long line itself, and
+    piped output keeps each line whole for grep (rich would otherwise break lines at 80 columns)."""
+    from rich.console import Console
+
+    return Console(soft_wrap=True)
+
+
+def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> list[str]:
+    """Plain columns two spaces apart, as wide as their widest cell: nothing is cut at any terminal width or
+    when piped. The first `left` columns are left-aligned, the rest (figures) right-aligned."""
+    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=True)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(
+            str(c).ljust(w) if i < left else str(c).rjust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    return [line(headers), *(line(r) for r in rows)]
+
+
+def mfu_line(est: Estimate) -> str:
+    """Throughput in one sentence: model TFLOP/s per GPU and the MFU they make of the precision's peak, and the
+    TFLOP/s executed with recomputation (never fewer)."""
+    peak = est.peak_flops / 1e12
+    return (
+        f"{est.tokens_per_s:,.0f} tokens/s; MFU {est.mfu:.1%} = {est.tflops_per_gpu:,.4g} TFLOP/s per GPU of "
+        f"model FLOPs / {est.layout.precision} peak {peak:,.4g} TFLOP/s; {est.hardware_tflops_per_gpu:,.4g} "
+        "TFLOP/s executed (recomputation included)"
+    )
 
 
 def print_estimate(est: Estimate, title: str | None = None) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     m, t = est.memory, est.time
-    console = Console()
+    out = console()
     c = est.cluster
-    head = title or f"{est.model.name} ({human_count(count_params(est.model).total)} params)"
-    console.print(
+    head = title or f"{est.model.name} ({format_count(count_params(est.model).total)} params)"
+    out.print(
         f"[bold]{head}[/bold] on {c.nodes} × {c.name} ({c.world_size} ranks of {c.gpu_memory_gib:g} GiB)"
     )
-    console.print(f"layout: {est.layout.describe()}")
-    mem = Table(title="Memory per GPU (most loaded pipeline stage)", show_header=True)
+    out.print(f"layout: {est.layout.describe()}", highlight=False)
+    out.print(f"units: {UNITS_NOTE}", highlight=False)
+    phase = "backward" if m.peak_phase == "backward" else "the optimizer step"
+    mem = Table(title=f"Memory per GPU (most loaded pipeline stage; peak in {phase})", show_header=True)
     mem.add_column("part")
-    mem.add_column("bytes", justify="right")
-    rows = [
-        ("params (ZeRO-paper convention)", m.params),
-        ("gradients", m.gradients),
-        ("optimizer states", m.optimizer_states),
-        ("engine model states (as allocated)", m.engine.device_bytes),
-        ("activations", m.activations),
-        ("buffers (buckets, ZeRO-3 gathers)", m.buffers),
-        ("framework overhead", m.framework_overhead),
-        ("total", m.total),
-        ("capacity", est.capacity_bytes),
-    ]
-    for name, value in rows:
-        mem.add_row(name, human_bytes(value))
-    if m.cpu_per_node:
-        mem.add_row("host memory per node (offload)", human_bytes(m.cpu_per_node))
-    if m.nvme_per_node:
-        mem.add_row("NVMe per node (offload)", human_bytes(m.nvme_per_node))
-    from toolkit.plan.checkpoint_interval import plan_for
-
-    ckpt = plan_for(est)  # asynchronous saves hold a host copy per tier in flight, when it fits
-    snapshot = human_bytes(ckpt.snapshot_host_bytes) if ckpt.asynchronous else "no room: saves synchronous"
-    mem.add_row("host memory per node (checkpoint snapshots)", snapshot)
-    console.print(mem)
+    mem.add_column("size", justify="right")
+    labels = memory_labels(est.layout.precision)
+    parts = m.parts()
+    for key, value in parts.items():
+        mem.add_row(labels[key], format_bytes(value))
+    mem.add_section()
+    mem.add_row("total", format_bytes(sum(parts.values())))
+    mem.add_row("capacity", format_bytes(est.capacity_bytes))
+    out.print(mem)
+    out.print(_host_table(est))
     tt = Table(title="Step time", show_header=True)
     tt.add_column("part")
     tt.add_column("seconds", justify="right")
@@ -76,37 +118,72 @@ def print_estimate(est: Estimate, title: str | None = None) -> None:
         ("data-parallel comm (exposed)", t.data_parallel_comm_s),
         ("optimizer step", t.optimizer_s),
         ("offload transfers (exposed)", t.offload_s),
-        ("total", t.total_s),
     ):
         tt.add_row(name, f"{value:.4g}")
-    console.print(tt)
+    tt.add_section()
+    tt.add_row("total", f"{t.total_s:.4g}")
+    out.print(tt)
     verdict = "[green]fits[/green]" if est.fits else "[red]does not fit[/red]"
-    console.print(
-        f"{verdict}; {est.tokens_per_s:,.0f} tokens/s, {est.tflops_per_gpu:,.4g} TFLOP/s per GPU "
-        f"(model; {est.hardware_tflops_per_gpu:,.4g} with recomputation), MFU {est.mfu:.1%}"
-    )
+    out.print(f"{verdict}; {mfu_line(est)}")
+
+
+def _host_table(est: Estimate) -> Any:
+    """Host memory (and NVMe) per node: what offload takes, and what asynchronous checkpoint saves would."""
+    from rich.table import Table
+
+    from toolkit.plan.cost.memory import HOST_USABLE
+
+    table = Table(title="Host memory per node", show_header=True)
+    table.add_column("part")
+    table.add_column("size", justify="right")
+    parts = est.host_parts()
+    for key, value in parts.items():
+        if key == "checkpoint_snapshots" and not est.checkpoint_plan().asynchronous:
+            table.add_row(HOST_LABELS[key], "no room: saves synchronous")
+        elif value or key in ("offloaded_states", "checkpoint_snapshots"):
+            table.add_row(HOST_LABELS[key], format_bytes(value))
+    table.add_section()
+    table.add_row("total", format_bytes(sum(parts.values())))
+    cap = est.cluster.cpu_memory_gib * GIB
+    table.add_row(f"capacity ({HOST_USABLE:.0%} usable)", format_bytes(cap))
+    if est.memory.nvme_per_node:
+        table.add_section()
+        table.add_row("NVMe per node (offload)", format_bytes(est.memory.nvme_per_node))
+        table.add_row("NVMe capacity", format_bytes(est.cluster.nvme_gib * GIB))
+    return table
 
 
 def write_plan_report(path: Path, model: Any, cluster: Any, plan: Any, data: dict[str, Any]) -> None:
     """A Markdown report of a plan: the layout, its memory and time, the reasons and the alternatives; with
     `data["training"]` the cost of the token budget, with `data["scaling"]` the scaling table; and two PNGs
     beside it (per-GPU memory by component of the chosen and runner-up layouts, scaling), linked from it."""
-    from toolkit.report.cost import ScalingRow, memory_parts, runner_ups, write_charts
+    from toolkit.report.cost import ScalingRow, runner_ups, write_charts
 
     est = plan.best.estimate
-    m, t = est.memory, est.time
+    t = est.time
+    memory = data["estimate"]["memory_per_gpu_bytes"]
+    labels = {**memory_labels(est.layout.precision), "total": f"**total** (peak in {est.memory.peak_phase})"}
     lines = [
         f"# Plan: {model.name} on {cluster.nodes} × {cluster.name}",
         "",
         f"**Layout:** {est.layout.describe()}",
         "",
-        f"- tokens/s: {est.tokens_per_s:,.0f}; TFLOP/s per GPU: {est.tflops_per_gpu:.1f}; MFU: {est.mfu:.1%}",
-        f"- step time: {t.total_s:.4g} s",
-        f"- memory per GPU: {human_bytes(m.total)} of {human_bytes(est.capacity_bytes)}",
+        f"Units: {UNITS_NOTE}.",
         "",
-        "| memory part | bytes |",
+        f"- {mfu_line(est)}",
+        f"- step time: {t.total_s:.4g} s",
+        f"- memory per GPU: {format_bytes(memory['total'])} of {format_bytes(est.capacity_bytes)}",
+        "",
+        "| memory part (per GPU) | size |",
         "|---|---|",
-        *[f"| {k} | {human_bytes(v)} |" for k, v in data["estimate"]["memory_per_gpu_bytes"].items()],
+        *[f"| {labels[k]} | {format_bytes(v)} |" for k, v in memory.items()],
+        "",
+        "| host memory part (per node) | size |",
+        "|---|---|",
+        *[
+            f"| {HOST_LABELS.get(k, '**total**')} | {format_bytes(v)} |"
+            for k, v in data["estimate"]["host_memory_per_node_bytes"].items()
+        ],
         "",
         "| step-time part | seconds |",
         "|---|---|",
@@ -123,7 +200,6 @@ def write_plan_report(path: Path, model: Any, cluster: Any, plan: Any, data: dic
     rows = data.get("scaling", [])
     path.parent.mkdir(parents=True, exist_ok=True)
     charts = write_charts(path, bars, plan.usable_bytes, est.capacity_bytes, [ScalingRow(**r) for r in rows])
-    gib = float(1 << 30)
     lines += [
         "",
         "## Memory per GPU by component (GiB)",
@@ -134,12 +210,12 @@ def write_plan_report(path: Path, model: Any, cluster: Any, plan: Any, data: dic
         "|---|" + "---|" * (len(bars[0][1]) + 1),
         *[
             f"| {label} | "
-            + " | ".join(f"{v / gib:.1f}" for v in parts.values())
-            + f" | {sum(parts.values()) / gib:.1f} |"
+            + " | ".join(f"{v / GIB:.2f}" for v in parts.values())
+            + f" | {sum(parts.values()) / GIB:.2f} |"
             for label, parts in bars
         ],
         "",
-        f"Usable: {plan.usable_bytes / gib:.1f} GiB of {est.capacity_bytes / gib:.1f} GiB (the rest is the safety margin).",
+        f"Usable: {plan.usable_bytes / GIB:.1f} GiB of {est.capacity_bytes / GIB:.1f} GiB (the rest is the safety margin).",
     ]
     if rows:
         lines += ["", *scaling_lines(rows, data["layout"]["global_batch_size"], charts.get("scaling"))]
@@ -149,9 +225,9 @@ def write_plan_report(path: Path, model: Any, cluster: Any, plan: Any, data: dic
 def training_lines(tr: dict[str, Any]) -> list[str]:
     """The "Training cost" section (see toolkit.report.cost for the arithmetic and its sources)."""
     how = (
-        f"6·N·D / (GPUs · peak · MFU) with MFU {tr['mfu']:.1%} (`--mfu`)"
+        f"training compute / (GPUs · peak · MFU) with MFU {tr['mfu']:.1%} (`--mfu`)"
         if tr["time_source"] == "mfu"
-        else f"tokens / the plan's {tr['tokens_per_s']:,.0f} tokens/s (MFU {tr['mfu']:.1%} in the 6·N·D convention)"
+        else f"tokens / the plan's {tr['tokens_per_s']:,.0f} tokens/s (the plan's MFU, {tr['mfu']:.1%})"
     )
     cost = (
         f"{tr['cost']:,.0f} at {tr['price_per_gpu_hour']:g} per GPU-hour"
@@ -163,8 +239,8 @@ def training_lines(tr: dict[str, Any]) -> list[str]:
         "",
         "| quantity | value |",
         "|---|---|",
-        f"| tokens | {human_count(tr['tokens'])} ({tr['tokens']:.3g}) |",
-        f"| training compute 6·N·D | {tr['training_flops']:.3g} FLOPs (N = {human_count(tr['n_params'])} active parameters) |",
+        f"| tokens D | {format_count(tr['tokens'])} ({tr['tokens']:.3g}) |",
+        f"| training compute (6·N + 12·L·H·Q·T)·D | {tr['training_flops']:.3g} model FLOPs ({tr['flops_per_token']:.4g} per token; N = {format_count(tr['n_params'])} parameters a token multiplies by) |",
         f"| GPUs × peak | {tr['gpus']:,} × {tr['peak_flops_per_gpu'] / 1e12:g} TFLOP/s |",
         f"| time to train | {tr['days']:,.1f} days ({tr['hours']:,.0f} h): {how} |",
         f"| GPU-hours | {tr['gpu_hours']:,.0f} |",

@@ -369,13 +369,14 @@ def _check_shm_room(model: Any, layout: Any) -> None:
 
     from toolkit.plan.checkpoint_interval import checkpoint_bytes
     from toolkit.plan.params import count_params
+    from toolkit.plan.units import format_bytes
 
     need = 2 * (checkpoint_bytes(model, layout) if layout is not None else 16 * count_params(model).total)
     free = shutil.disk_usage("/dev/shm").free
     if need > free:
         raise UserError(
-            f"--snapshot-every: the shared-memory tier needs {need / 1e9:,.2f} GB in /dev/shm (two snapshots "
-            f"while the next is written), {free / 1e9:,.2f} GB free; enlarge it (docker run --shm-size) or "
+            f"--snapshot-every: the shared-memory tier needs {format_bytes(need)} in /dev/shm (two snapshots "
+            f"while the next is written), {format_bytes(free)} free; enlarge it (docker run --shm-size) or "
             "leave --snapshot-every off"
         )
 

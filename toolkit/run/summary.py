@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from toolkit.plan.layout import Layout
+from toolkit.plan.units import GIB, MIB
 from toolkit.run.metrics import strict_json
 
 
@@ -170,18 +171,19 @@ def print_comparison(s: dict[str, Any]) -> None:
     engine = p.get("engine_model_states_bytes", {})
     states = s["model_state_bytes"].get("after_backward") or s["model_state_bytes"].get("after_step") or [0]
     lines = [
-        f"Measured vs predicted ({s['model']}, {s['world_size']} ranks, {s['accelerator']}):",
+        f"Measured vs predicted ({s['model']}, {s['world_size']} ranks, {s['accelerator']}; measured: the median step):",
         f"  {'':<34}{'measured':>14}{'predicted':>14}{'ratio':>9}",
         _row("step time (s)", s["step_time_s"], p.get("step_time_s"), ".4g"),
         _row("tokens/s", s["tokens_per_s"], p.get("tokens_per_s"), ",.0f"),
-        _row("TFLOP/s per rank", s["tflops_per_gpu"], p.get("tflops_per_gpu"), ".4g"),
+        _row("TFLOP/s per rank (model FLOPs)", s["tflops_per_gpu"], p.get("tflops_per_gpu"), ".4g"),
+        *([_row("MFU", s["mfu"], p.get("mfu"), ".3f")] if "mfu" in s else []),
         _row(
-            "peak memory per rank (GB)",
-            max(s["peak_memory_bytes"]) / 1e9,
-            mem.get("total", 0) / 1e9 or None,
+            "peak memory per rank (GiB)",
+            max(s["peak_memory_bytes"]) / GIB,
+            mem.get("total", 0) / GIB or None,
             ".3f",
         ),
-        _row("model states per rank (MB)", max(states) / 1e6, engine.get("total", 0) / 1e6 or None, ".2f"),
+        _row("model states per rank (MiB)", max(states) / MIB, engine.get("total", 0) / MIB or None, ".2f"),
     ]
     if s["losses"]:
         lines.append(

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from toolkit.plan.layout import LayoutRequest
+from toolkit.plan.layout import Layout, LayoutRequest
 from toolkit.plan.specs import ModelSpec
 
 MASK_BYTES = 1  # dropout masks are stored as bytes (Korthikanti et al., §4.1)
@@ -135,3 +135,54 @@ def logits_bytes(model: ModelSpec, micro_batch: int, act_bytes: int, tp: int) ->
     it, or, in bf16, the upcast logits beside them — measured on 2 CPU ranks for a 45M GPT-2, where this is
     the peak of every ZeRO stage. (Megatron's fused vocabulary-parallel loss keeps 4·s·b·V; Korthikanti §4.)"""
     return 12 * model.seq_length * micro_batch * model.vocab_size / tp
+
+
+def per_micro_activations(model: ModelSpec, layout: Layout, blocks: int, moe_blocks: int) -> float:
+    """Activations one micro-batch leaves on a rank of a stage with `blocks` blocks (`moe_blocks` of them MoE)."""
+    e = layout.bytes_per_element
+    kwargs = dict(
+        micro_batch=layout.micro_batch_size,
+        act_bytes=e,
+        tp=layout.tp,
+        sequence_parallel=layout.tp_sequence_parallel,
+    )
+    recompute = attention_recompute(layout.recompute, flash_attention(model, layout))
+    per_micro = (blocks - moe_blocks) * block_bytes(model, recompute=recompute, **kwargs)
+    per_micro += moe_blocks * block_bytes(model, recompute=recompute, moe=True, **kwargs)
+    return per_micro
+
+
+def stage_activations(
+    model: ModelSpec, layout: Layout, index: int, blocks: int, moe_blocks: int, per_micro: float
+) -> float:
+    """Activations a rank of stage `index` keeps at its peak: in-flight micro-batches × its blocks, plus the
+    rebuilt block of full recomputation, plus the logits on the last stage."""
+    e = layout.bytes_per_element
+    total = in_flight(layout, index) * per_micro
+    if layout.offload_activations and blocks:
+        # the block inputs live in host memory; the device keeps the newest few (OFFLOAD_KEPT_ON_DEVICE)
+        total = min(blocks, OFFLOAD_KEPT_ON_DEVICE) * per_micro / blocks
+    if layout.recompute == "full" and blocks:
+        total += block_bytes(
+            model,
+            layout.micro_batch_size,
+            e,
+            layout.tp,
+            layout.tp_sequence_parallel,
+            attention_recompute("none", flash_attention(model, layout)),  # the block being rebuilt
+            moe=moe_blocks > 0,
+        )
+    if index == layout.pp - 1:
+        total += logits_bytes(model, layout.micro_batch_size, e, layout.tp)
+    return total / layout.sp
+
+
+def in_flight(layout: Layout, index: int) -> int:
+    """Micro-batches whose activations stage `index` holds at once under 1F1B (Narayanan et al. 2021)."""
+    return min(layout.pp - index, layout.gradient_accumulation_steps) if layout.pp > 1 else 1
+
+
+def host_activations(layout: Layout, index: int, per_micro: float) -> float:
+    """Offloaded block inputs a rank keeps in host memory: all of its in-flight micro-batches' (an upper
+    bound: the few newest are still on the device)."""
+    return in_flight(layout, index) * per_micro / layout.sp if layout.offload_activations else 0.0

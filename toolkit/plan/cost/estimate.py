@@ -13,19 +13,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from toolkit.plan.checkpoint_interval import CheckpointPlan, checkpoint_plan
 from toolkit.plan.cost import activations as act
 from toolkit.plan.cost.compute import stage_compute
 from toolkit.plan.cost.flops import hardware_flops_per_token, model_flops_per_token, model_tflops_per_gpu
-from toolkit.plan.cost.memory import GIB, Memory, rank_params, stage_memory
+from toolkit.plan.cost.memory import GIB, HOST_USABLE, Memory, rank_params, stage_memory
 from toolkit.plan.cost.timing import StageLoad, StepTime, sp_all_to_all_bytes, step_time
 from toolkit.plan.layout import Layout
 from toolkit.plan.params import count_params, tensor_numels, zero_grad_partition
 from toolkit.plan.specs import ClusterSpec, ModelSpec
+from toolkit.plan.units import as_bytes, format_bytes
 from toolkit.plan.zero_knobs import ZeroKnobs, derive_zero_knobs
-
-HOST_USABLE = 0.9
-"""Share of a node's host memory offloaded states may take: the OS, the ranks' own processes and page cache
-need the rest."""
 
 
 def host_fits(memory: Memory, cluster: ClusterSpec) -> bool:
@@ -36,14 +34,14 @@ def host_need(memory: Memory, cluster: ClusterSpec) -> str:
     """The host memory a layout needs per node against what may be used, by part (for refusals)."""
     n = cluster.gpus_per_node
     states = memory.engine.host_bytes * n
-    parts = [f"pinned gradient partitions and offloaded states {states / GIB:,.0f} GiB"]
+    parts = [f"pinned gradient partitions and offloaded states {format_bytes(states, 1)}"]
     if memory.host_swap:
-        parts.append(f"NVMe swap buffers {memory.host_swap * n / GIB:,.0f} GiB")
+        parts.append(f"NVMe swap buffers {format_bytes(memory.host_swap * n, 1)}")
     if memory.host_activations:
-        parts.append(f"activation checkpoints {memory.host_activations * n / GIB:,.0f} GiB")
+        parts.append(f"activation checkpoints {format_bytes(memory.host_activations * n, 1)}")
     return (
-        f"{memory.cpu_per_node / GIB:,.0f} GiB per node > {HOST_USABLE:.0%} of {cluster.cpu_memory_gib:,.0f} "
-        f"GiB ({', '.join(parts)})"
+        f"{format_bytes(memory.cpu_per_node, 1)} per node > {HOST_USABLE:.0%} of "
+        f"{format_bytes(cluster.cpu_memory_gib * GIB, 1)} ({', '.join(parts)})"
     )
 
 
@@ -91,6 +89,16 @@ class Estimate:
         return self.tokens_per_step / self.time.total_s
 
     @property
+    def model_flops_per_token(self) -> float:
+        """Model FLOPs per token (:func:`toolkit.plan.cost.flops.model_flops_per_token`): what MFU counts."""
+        return model_flops_per_token(self.model, self.layout.lora is not None)
+
+    @property
+    def hardware_flops_per_token(self) -> float:
+        """Model FLOPs per token plus what this layout computes again (recomputation, expert padding)."""
+        return hardware_flops_per_token(self.model, self.layout.recompute, self.layout.lora is not None)
+
+    @property
     def tflops_per_gpu(self) -> float:
         """Model TFLOP/s per accelerator (PaLM convention, no recomputation)."""
         frozen = self.layout.lora is not None
@@ -98,16 +106,48 @@ class Estimate:
 
     @property
     def hardware_tflops_per_gpu(self) -> float:
-        """TFLOP/s per accelerator including recomputation (Megatron's reporting convention)."""
-        flops = hardware_flops_per_token(self.model, self.layout.recompute, self.layout.lora is not None)
-        return flops * self.tokens_per_s / self.layout.world_size / 1e12
+        """TFLOP/s per accelerator including recomputation (Megatron's reporting convention); never below
+        `tflops_per_gpu`."""
+        return self.hardware_flops_per_token * self.tokens_per_s / self.layout.world_size / 1e12
+
+    @property
+    def peak_flops(self) -> float:
+        """The accelerator's peak FLOP/s in the layout's precision: the denominator of MFU."""
+        return self.cluster.peak_flops(self.layout.precision)
 
     @property
     def mfu(self) -> float:
-        return self.tflops_per_gpu * 1e12 / self.cluster.peak_flops(self.layout.precision)
+        """Model FLOPs utilisation: model TFLOP/s per accelerator over its peak in the layout's precision."""
+        return self.tflops_per_gpu * 1e12 / self.peak_flops
+
+    def checkpoint_plan(self) -> CheckpointPlan:
+        """The checkpoint scheme of this layout (toolkit.plan.checkpoint_interval): its snapshots must fit
+        beside the host memory it takes — offloaded states, and on the CPU accelerator the ranks' whole memory,
+        which is host memory too."""
+        in_use = self.memory.cpu_per_node
+        if self.cluster.accelerator == "cpu":
+            in_use += self.memory.total * self.cluster.gpus_per_node
+        before_update = self.time.total_s - self.time.optimizer_s - self.time.offload_s
+        return checkpoint_plan(
+            self.model, self.cluster, self.layout, self.time.total_s, in_use, max(0.0, before_update)
+        )
+
+    def host_parts(self) -> dict[str, float]:
+        """Host memory per node by part: what offload takes (the `cpu_memory_per_node_bytes` the fit checks),
+        and the snapshots asynchronous checkpoint saves (`dstk train --async-save`) would hold beside it."""
+        m, n = self.memory, self.cluster.gpus_per_node
+        ckpt = self.checkpoint_plan()
+        return {
+            "offloaded_states": m.engine.host_bytes * n,
+            "nvme_swap_buffers": m.host_swap * n,
+            "activation_checkpoints": m.host_activations * n,
+            "checkpoint_snapshots": ckpt.snapshot_host_bytes if ckpt.asynchronous else 0.0,
+        }
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON of `dstk estimate --json` (documented in the README: the fields other tools read, plus breakdowns)."""
+        """The JSON of `dstk estimate --json` (documented in the README: the fields other tools read, plus
+        breakdowns). Memory is in whole bytes, and every block of parts adds up to its `total`; MFU is model
+        FLOPs over the peak of the layout's precision (`peak_flops_per_gpu`)."""
         m, t = self.memory, self.time
         return {
             "model": self.model.name,
@@ -115,39 +155,36 @@ class Estimate:
             "n_params": count_params(self.model).total,
             "n_active_params": count_params(self.model).active,
             "layout": self.layout.model_dump(),
-            "memory_per_gpu_bytes": {
-                "params": m.params,
-                "gradients": m.gradients,
-                "optimizer_states": m.optimizer_states,
-                "activations": m.activations,
-                "buffers": m.buffers,
-                "framework_overhead": m.framework_overhead,
-                "step_transient": m.engine.step_transient,
-                "total": m.total,
-            },
-            "engine_model_states_bytes": {
-                "low_precision_params": m.engine.low_precision_params,
-                "master_params": m.engine.master_params,
-                "optimizer_moments": m.engine.optimizer_moments,
-                "gradients": m.engine.gradients,
-                "total": m.engine.device_bytes,
-            },
-            "gpu_memory_bytes": self.capacity_bytes,
-            # what the comms logger of a `dstk train --comms-logger` run records as all_to_all_single
-            "sp_all_to_all_bytes_per_step": self.layout.gradient_accumulation_steps
-            * sp_all_to_all_bytes(
-                self.model,
-                self.layout,
-                max(b for b, _ in stage_blocks(self.model, self.layout.pp)),
-                self.layout.bytes_per_element,
+            "memory_per_gpu_bytes": _with_total(m.parts()),
+            "peak_phase": m.peak_phase,
+            "step_transient_bytes": as_bytes(m.engine.step_transient),
+            "engine_model_states_bytes": _with_total(
+                {
+                    "low_precision_params": m.engine.low_precision_params,
+                    "master_params": m.engine.master_params,
+                    "optimizer_moments": m.engine.optimizer_moments,
+                    "gradients": m.engine.gradients,
+                }
             ),
-            "cpu_memory_per_node_bytes": m.cpu_per_node,
-            "nvme_per_node_bytes": m.nvme_per_node,
+            "gpu_memory_bytes": as_bytes(self.capacity_bytes),
+            # what the comms logger of a `dstk train --comms-logger` run records as all_to_all_single
+            "sp_all_to_all_bytes_per_step": as_bytes(
+                self.layout.gradient_accumulation_steps
+                * sp_all_to_all_bytes(
+                    self.model,
+                    self.layout,
+                    max(b for b, _ in stage_blocks(self.model, self.layout.pp)),
+                    self.layout.bytes_per_element,
+                )
+            ),
+            "cpu_memory_per_node_bytes": as_bytes(m.cpu_per_node),
+            "host_memory_per_node_bytes": _with_total(self.host_parts()),
+            "nvme_per_node_bytes": as_bytes(m.nvme_per_node),
             "offload_per_rank_bytes": {
-                "host_states": m.engine.host_bytes,
-                "host_swap_buffers": m.host_swap,
-                "host_activations": m.host_activations,
-                "nvme": m.engine.nvme_bytes,
+                "host_states": as_bytes(m.engine.host_bytes),
+                "host_swap_buffers": as_bytes(m.host_swap),
+                "host_activations": as_bytes(m.host_activations),
+                "nvme": as_bytes(m.engine.nvme_bytes),
             },
             "fits": self.fits,
             "fits_gpu": self.fits_gpu,
@@ -166,10 +203,18 @@ class Estimate:
             "tflops_per_gpu": self.tflops_per_gpu,
             "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu,
             "mfu": self.mfu,
-            "model_flops_per_token": model_flops_per_token(self.model, self.layout.lora is not None),
+            "peak_flops_per_gpu": self.peak_flops,
+            "model_flops_per_token": self.model_flops_per_token,
+            "hardware_flops_per_token": self.hardware_flops_per_token,
             "zero_knobs": self.knobs.__dict__,
             "params_per_rank": {"dense": m.rank.dense, "expert": m.rank.expert},
         }
+
+
+def _with_total(parts: dict[str, float]) -> dict[str, int]:
+    """Parts in whole bytes, and their `total`: the sum of the rounded parts, so the JSON adds up exactly."""
+    out = {k: as_bytes(v) for k, v in parts.items()}
+    return {**out, "total": sum(out.values())}
 
 
 def stage_blocks(model: ModelSpec, pp: int) -> list[tuple[int, int]]:
@@ -185,57 +230,6 @@ def stage_blocks(model: ModelSpec, pp: int) -> list[tuple[int, int]]:
         out.append((n, moe))
         start += n
     return out
-
-
-def _per_micro_activations(model: ModelSpec, layout: Layout, blocks: int, moe_blocks: int) -> float:
-    """Activations one micro-batch leaves on a rank of a stage with `blocks` blocks (`moe_blocks` of them MoE)."""
-    e = layout.bytes_per_element
-    kwargs = dict(
-        micro_batch=layout.micro_batch_size,
-        act_bytes=e,
-        tp=layout.tp,
-        sequence_parallel=layout.tp_sequence_parallel,
-    )
-    recompute = act.attention_recompute(layout.recompute, act.flash_attention(model, layout))
-    per_micro = (blocks - moe_blocks) * act.block_bytes(model, recompute=recompute, **kwargs)
-    per_micro += moe_blocks * act.block_bytes(model, recompute=recompute, moe=True, **kwargs)
-    return per_micro
-
-
-def _stage_activations(
-    model: ModelSpec, layout: Layout, index: int, blocks: int, moe_blocks: int, per_micro: float
-) -> float:
-    """Activations a rank of stage `index` keeps at its peak: in-flight micro-batches × its blocks, plus the
-    rebuilt block of full recomputation, plus the logits on the last stage."""
-    e = layout.bytes_per_element
-    total = _in_flight(layout, index) * per_micro
-    if layout.offload_activations and blocks:
-        # the block inputs live in host memory; the device keeps the newest few (act.OFFLOAD_KEPT_ON_DEVICE)
-        total = min(blocks, act.OFFLOAD_KEPT_ON_DEVICE) * per_micro / blocks
-    if layout.recompute == "full" and blocks:
-        total += act.block_bytes(
-            model,
-            layout.micro_batch_size,
-            e,
-            layout.tp,
-            layout.tp_sequence_parallel,
-            act.attention_recompute("none", act.flash_attention(model, layout)),  # the block being rebuilt
-            moe=moe_blocks > 0,
-        )
-    if index == layout.pp - 1:
-        total += act.logits_bytes(model, layout.micro_batch_size, e, layout.tp)
-    return total / layout.sp
-
-
-def _in_flight(layout: Layout, index: int) -> int:
-    """Micro-batches whose activations stage `index` holds at once under 1F1B (Narayanan et al. 2021)."""
-    return min(layout.pp - index, layout.gradient_accumulation_steps) if layout.pp > 1 else 1
-
-
-def _host_activations(layout: Layout, index: int, per_micro: float) -> float:
-    """Offloaded block inputs a rank keeps in host memory: all of its in-flight micro-batches' (an upper
-    bound: the few newest are still on the device)."""
-    return _in_flight(layout, index) * per_micro / layout.sp if layout.offload_activations else 0.0
 
 
 @dataclass(frozen=True)
@@ -290,8 +284,8 @@ def _memories(
         rank = rank_params(
             pc, layout, st.blocks, st.moe_blocks, first, last, knobs.stage3_param_persistence_threshold
         )
-        per_micro = _per_micro_activations(model, layout, st.blocks, st.moe_blocks)
-        activations = _stage_activations(model, layout, st.index, st.blocks, st.moe_blocks, per_micro)
+        per_micro = act.per_micro_activations(model, layout, st.blocks, st.moe_blocks)
+        activations = act.stage_activations(model, layout, st.index, st.blocks, st.moe_blocks, per_micro)
         mem = stage_memory(
             layout,
             cluster,
@@ -301,7 +295,7 @@ def _memories(
             largest_param,
             _grad_partition(model, layout),
             trainable=_lora_params(model, layout, st.blocks),
-            host_activations=_host_activations(layout, st.index, per_micro),
+            host_activations=act.host_activations(layout, st.index, per_micro),
         )
         out.append(mem)
     return out

@@ -1,10 +1,14 @@
 """FLOPs per token: the model FLOPs that define MFU, and the hardware FLOPs a layout really executes.
 
-Model FLOPs follow PaLM (Chowdhery et al. 2022, App. B): 6N + 12·L·H·Q·T per token, N the parameters a token
-uses (active parameters for MoE), L layers, H heads, Q head dim, T sequence length. MFU divides these by peak;
-they ignore recomputation by definition. Hardware FLOPs add what a layout really computes again: a whole
-extra forward with full recomputation (the ×4/3 of Narayanan et al. 2021, eq. 3), the attention core with
-selective recomputation (Korthikanti et al. 2022, §5), and the capacity padding of MoE experts.
+Model FLOPs follow PaLM (Chowdhery et al. 2022, App. B): 6N + 12·L·H·Q·T per token, L layers, H heads, Q head
+dim, T sequence length, and N the parameters a token multiplies by — the active parameters (for MoE the
+routed top-k experts) less the lookup-only tables, an untied input embedding and learned positions, which cost
+no FLOPs (nanoGPT's `estimate_mfu` leaves the position table out likewise; a tied embedding stays, being the
+LM head's matmul). MFU divides model FLOPs by the accelerator's peak in the training precision; it ignores
+recomputation by definition. Hardware FLOPs are model FLOPs plus what a layout computes again or in vain, so
+never fewer: a whole extra forward with full recomputation (the ×4/3 of Narayanan et al. 2021, eq. 3), the
+attention core with selective recomputation (Korthikanti et al. 2022, §5), and the capacity padding of MoE
+experts. The same model FLOPs price a training run (`dstk plan --tokens`) and read `--mfu`.
 """
 
 from __future__ import annotations
@@ -18,10 +22,16 @@ def attention_flops_per_token(model: ModelSpec) -> float:
     return 12 * model.n_layers * model.n_heads * model.head_dim * model.seq_length
 
 
+def matmul_params(model: ModelSpec) -> int:
+    """The N of 6N: active parameters less lookup-only tables (learned positions, an untied input embedding)."""
+    pc = count_params(model)
+    return pc.active - pc.position_embedding - (pc.word_embedding if pc.lm_head else 0)
+
+
 def model_flops_per_token(model: ModelSpec, frozen: bool = False) -> float:
-    """Training FLOPs per token in the MFU convention: 6·N_active + 12·L·H·Q·T. With the weights `frozen`
-    (LoRA) backward computes no weight gradients: 4·N (the adapters' r-sized work is left out)."""
-    return (4 if frozen else 6) * count_params(model).active + attention_flops_per_token(model)
+    """Training FLOPs per token in the MFU convention: 6·N + 12·L·H·Q·T. With the weights `frozen` (LoRA)
+    backward computes no weight gradients: 4·N (the adapters' r-sized work is left out)."""
+    return (4 if frozen else 6) * matmul_params(model) + attention_flops_per_token(model)
 
 
 def model_tflops_per_gpu(
@@ -34,19 +44,18 @@ def model_tflops_per_gpu(
 
 
 def hardware_flops_per_token(model: ModelSpec, recompute: str, frozen: bool = False) -> float:
-    """FLOPs the accelerators execute per token, recomputation and expert capacity padding included.
+    """FLOPs the accelerators execute per token: model FLOPs, plus expert capacity padding and recomputation.
 
-    Matmul parameters exclude lookup-only tables (the input embedding when untied, learned positions),
-    which cost no FLOPs; experts compute on capacity-padded buffers (capacity factor × routed tokens).
+    Experts compute on capacity-padded buffers (capacity factor × routed tokens; a factor below 1 drops
+    tokens, which the model FLOPs still count). Full recomputation repeats the forward, padding included;
+    selective recomputation repeats the attention core.
     """
     pc = count_params(model)
-    lookup = pc.position_embedding + (pc.word_embedding if pc.lm_head else 0)
-    routed_experts = pc.n_moe_layers * pc.moe_top_k * pc.expert
-    matmul = pc.active - lookup - routed_experts + routed_experts * model.moe_capacity_factor
-    forward = 2 * matmul + attention_flops_per_token(model) / 3
-    total = 3 * forward - (2 * matmul if frozen else 0)
+    padding = pc.n_moe_layers * pc.moe_top_k * pc.expert * max(0.0, model.moe_capacity_factor - 1)
+    attention_forward = attention_flops_per_token(model) / 3
+    total = model_flops_per_token(model, frozen) + (4 if frozen else 6) * padding
     if recompute == "full":
-        total += forward
+        total += 2 * (matmul_params(model) + padding) + attention_forward
     elif recompute == "selective":
-        total += attention_flops_per_token(model) / 3
+        total += attention_forward
     return total

@@ -1,16 +1,19 @@
 """Memory per rank: model states as the DeepSpeed engine really holds them, activations, buffers, overhead.
 
-Two views of model states are reported:
+Two views of model states are computed:
 - the ZeRO paper's convention (Rajbhandari et al. 2020, §5, Fig. 1): 2Ψ params + 2Ψ gradients + KΨ optimizer
   states with K = 12 for mixed precision (K = 8 and 4-byte params/gradients for fp32), each divided by N_d
-  from the stage that partitions it;
+  from the stage that partitions it (`Memory.zero_paper`, to compare with the paper; never printed);
 - the engine's inventory, read from DeepSpeed 0.19.8's optimizer classes (and checked tensor by tensor on 2
   ranks): stage 0 in 16-bit is `FP16_UnfusedOptimizer` with a full fp32 master copy (14Ψ + 2Ψ gradients);
   stages 1/2 keep the whole 16-bit (or fp32) flat model, padded to a multiple of 2·N_d, plus a cloned fp32
   partition, m and v (b·F + 12·F/N_d) and a gradient partition; stage 3 keeps b·S + 4·S (a separate fp32
   master even in fp32) + 8·S (m, v) + b·S (gradient partitions), S = Ψ/N_d, plus its reduce bucket and the
   small parameters it never re-partitions (`stage3_param_persistence_threshold`).
-`total` uses the engine's inventory: it is what the accelerator must hold.
+`total` uses the engine's inventory: it is what the accelerator must hold. It is the peak of two moments:
+backward, with the model states, activations and buffers live, and the optimizer step, where activations and
+buffers are gone and the step's transient (fp32 gradient copies, Adam's temporaries) stands beside the model
+states. `Memory.parts()` splits it into parts that add up to it exactly.
 """
 
 from __future__ import annotations
@@ -21,9 +24,12 @@ from dataclasses import dataclass
 from toolkit.plan.layout import BYTES_PER_ELEMENT, Layout
 from toolkit.plan.params import ParamCount
 from toolkit.plan.specs import ClusterSpec
+from toolkit.plan.units import GIB
 from toolkit.plan.zero_knobs import OPTIMIZER_SWAP_BUFFERS, PARAM_SWAP_BUFFERS, ZeroKnobs
 
-GIB = 2**30
+HOST_USABLE = 0.9
+"""Share of a node's host memory offloaded states and checkpoint snapshots may take: the OS, the ranks' own
+processes and page cache need the rest."""
 
 
 @dataclass(frozen=True)
@@ -64,12 +70,24 @@ class EngineStates:
 
 
 @dataclass(frozen=True)
-class Memory:
-    """Peak bytes per rank of the most loaded pipeline stage, and host/NVMe bytes per node."""
+class PaperStates:
+    """Model states per rank in the ZeRO paper's convention (Rajbhandari et al. 2020, Fig. 1), before offload
+    is taken off: what the paper's figures compare with, not what the engine allocates."""
 
     params: float
     gradients: float
     optimizer_states: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.gradients + self.optimizer_states
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Peak bytes per rank of the most loaded pipeline stage, and host/NVMe bytes per node."""
+
+    zero_paper: PaperStates
     activations: float
     buffers: float
     engine: EngineStates
@@ -87,6 +105,33 @@ class Memory:
     def total(self) -> float:
         busy = self.activations + self.buffers
         return self.engine.device_bytes + max(busy, self.engine.step_transient) + self.framework_overhead
+
+    @property
+    def step_transient_excess(self) -> float:
+        """What the optimizer step adds above the backward moment's activations and buffers (0 when backward
+        is the peak)."""
+        return max(0.0, self.engine.step_transient - self.activations - self.buffers)
+
+    @property
+    def peak_phase(self) -> str:
+        """The moment the peak falls in: "backward" or "optimizer step"."""
+        return "optimizer step" if self.step_transient_excess > 0 else "backward"
+
+    def parts(self) -> dict[str, float]:
+        """`total` as parts that add up to it: the engine's model states (the 16-bit or fp32 working
+        parameters, their gradients, the optimizer's fp32 master copy and moments), the activations and buffers
+        of backward, the framework's fixed overhead, and the optimizer step's transient above the activations
+        and buffers it outlives. The keys are `dstk estimate --json`'s `memory_per_gpu_bytes`."""
+        e = self.engine
+        return {
+            "params": e.low_precision_params,
+            "gradients": e.gradients,
+            "optimizer_states": e.master_params + e.optimizer_moments,
+            "activations": self.activations,
+            "buffers": self.buffers,
+            "framework_overhead": self.framework_overhead,
+            "step_transient_excess": self.step_transient_excess,
+        }
 
 
 def zero_paper_states(psi: float, n: float, stage: int, precision: str) -> tuple[float, float, float]:
@@ -350,9 +395,7 @@ def stage_memory(
         paper[0] = 0.0
     swap = nvme_param_swap_bytes(layout, knobs, rank, b)
     return Memory(
-        params=paper[0],
-        gradients=paper[1],
-        optimizer_states=paper[2],
+        zero_paper=PaperStates(*paper),
         activations=activations,
         buffers=zero_buffers(layout, knobs, rank, b, _hpz(cluster, layout), cluster.accelerator),
         engine=engine,
