@@ -14,7 +14,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: install demo test test-fast lint format bench clean gpu-wheels gpu-check
+.PHONY: install demo test test-fast lint format bench docs clean gpu-wheels gpu-check
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,10 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
+
+# docs/cli.md: every verb's help as the parsers render it (tests/test_readme.py checks it is current)
+docs: $(STAMP)
+	$(PY) -m toolkit.cli --reference > docs/cli.md
 
 bench: $(STAMP)
 	$(PY) benchmarks/plan_speed.py

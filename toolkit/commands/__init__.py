@@ -22,17 +22,24 @@ VERBS: dict[str, tuple[str, str]] = {
     "validate": ("validate", "Check a DeepSpeed config with DeepSpeed's own classes for a world size."),
     "launch": (
         "launch",
-        "Write the hostfile and run (or print) the deepspeed launcher command for dstk train.",
+        "Check the train command, write the hostfile and run (or print) the deepspeed launcher, or write a "
+        "SLURM script.",
     ),
-    "calibrate": ("calibrate", "Measure this machine and write a cluster description for the planner."),
+    "calibrate": (
+        "calibrate",
+        "Measure this machine and write a cluster description for the planner (`--cluster local`).",
+    ),
     "checkpoint": (
         "checkpoint",
         "List a folder's checkpoints, or convert one to DeepSpeed's universal format for another world size.",
     ),
     "data": ("data", "Generate a demo corpus, or prepare text files into packed training sequences."),
-    "export": ("export", "Write a consolidated HF save_pretrained directory from a checkpoint."),
-    "grow": ("grow", "Grow a trained model in depth/width (function-preserving) for dstk train --init-from."),
-    "train": ("train", "Train on the ranks a launcher started (what dstk launch runs on every rank)."),
+    "export": ("export", "Write a consolidated HF `save_pretrained` directory from a checkpoint."),
+    "grow": (
+        "grow",
+        "Grow a trained model in depth/width (function-preserving) for `dstk train --init-from`.",
+    ),
+    "train": ("train", "Train on the ranks a launcher started (what `dstk launch` runs on every rank)."),
     "presets": ("presets", "List model and cluster presets with their key figures."),
     "env": ("env", "Show library versions and the accelerator (stamped into benchmark results)."),
 }

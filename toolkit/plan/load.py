@@ -152,6 +152,8 @@ def load_model(ref: str, overrides: dict[str, Any] | None = None) -> ModelSpec:
     """A model from a preset name, a dstk YAML/JSON file or an HF `config.json`, with field overrides."""
     data, source = _resolve("models", ref)
     if hf_config.is_hf_config(data):
+        if Path(source).name == "config.json" and not data.get("_name_or_path"):
+            data = {**data, "_name_or_path": Path(source).absolute().parent.name}  # an HF folder's own name
         data = hf_config.from_hf_config(data, source)
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     data.update(given)

@@ -145,7 +145,7 @@ class Estimate:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON of `dstk estimate --json` (documented in the README: the fields other tools read, plus
+        """The JSON of `dstk estimate --json` (documented in docs/guide.md: the fields other tools read, plus
         breakdowns). Memory is in whole bytes, and every block of parts adds up to its `total`; MFU is model
         FLOPs over the peak of the layout's precision (`peak_flops_per_gpu`)."""
         m, t = self.memory, self.time
