@@ -65,6 +65,8 @@ def estimate_config(
 ) -> Any:
     """The estimate of an existing DeepSpeed config for `model` on `cluster`: the layout it fixes (flags set in
     `flags` laid over it; `model_parallel` = the TP/PP/SP a Megatron launch sets) with the ZeRO sizes it sets."""
+    import sys
+
     from toolkit.integrations.ds_input import read_ds_config
     from toolkit.integrations.ds_layout import ModelParallel, knobs_from_config, request_from_config
     from toolkit.integrations.dstk_block import read_dstk_block
@@ -75,7 +77,11 @@ def estimate_config(
 
     cfg = read_ds_config(path)
     given = flags.model_dump(exclude_unset=True)
-    base = request_from_config(cfg, cluster.world_size, ModelParallel.of(cfg, *model_parallel), given=given)
+    notes: list[str] = []
+    parallel = ModelParallel.of(cfg, *model_parallel)
+    base = request_from_config(cfg, cluster.world_size, parallel, given=given, notes=notes)
+    for note in notes:  # what the config left open and the estimate assumed, said once
+        print(f"note: {note}", file=sys.stderr)
     request = LayoutRequest(**{**base.model_dump(exclude_unset=True), **given})
     layout = resolve_layout(model, cluster, request)
     ours = derive_zero_knobs(model, layout) if read_dstk_block(cfg).layout is not None else None

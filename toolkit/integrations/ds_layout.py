@@ -162,11 +162,29 @@ _LAYOUT_AUTOS: dict[str, tuple[str, str, Any]] = {
 }
 
 
-def _fill_layout_autos(cfg: dict[str, Any], given: dict[str, Any], flag: str) -> dict[str, Any]:
-    """`cfg` with its layout fields' "auto" replaced as HF would: from the flags given, else HF's default."""
+PRECISION_AUTO_NOTE = (
+    '{flag}: {path} is "auto" (HF Trainer sets it from its --bf16/--fp16 arguments at run time): priced at the '
+    "precision the cluster computes fastest; give --precision to price another"
+)
+
+
+def _fill_layout_autos(
+    cfg: dict[str, Any], given: dict[str, Any], flag: str, notes: list[str] | None = None
+) -> dict[str, Any]:
+    """`cfg` with its layout fields' "auto" replaced as HF would: from the flags given, else HF's default. An
+    "auto" precision the flags leave open stays open (the cluster's fastest, as `dstk plan` would pick), said in
+    `notes`: HF's default (fp32) is rarely what a config that leaves it "auto" runs, and pricing it silently
+    made such configs look 10× slower and "not fit"."""
     out = copy.deepcopy(cfg)
     for path, (option, field, default) in _LAYOUT_AUTOS.items():
         if get_path(cfg, path) != AUTO:
+            continue
+        if field == "precision" and field not in given:
+            set_path(out, path, None)
+            out.setdefault("_dstk_precision_open", True)
+            note = PRECISION_AUTO_NOTE.format(flag=flag, path="the precision")
+            if notes is not None and note not in notes:  # bf16.enabled and fp16.enabled: one note
+                notes.append(note)
             continue
         value = given.get(field, default)
         if field == "precision" and field in given:
@@ -190,10 +208,12 @@ def request_from_config(
     parallel: ModelParallel | None = None,
     flag: str = "--config",
     given: dict[str, Any] | None = None,
+    notes: list[str] | None = None,
 ) -> LayoutRequest:
     """Every layout field a config fixes, read as DeepSpeed reads it: the `dstk` block's layout when dstk wrote
     the file, else the DeepSpeed keys (batch derived as DeepSpeed derives it for this world size). `given`: the
-    layout flags set on the command line, which fill "auto" fields as the HF Trainer would."""
+    layout flags set on the command line, which fill "auto" fields as the HF Trainer would; `notes` collects
+    what was assumed, for the caller to say once."""
     block = read_dstk_block(cfg).layout
     if block is not None:
         if block.world_size != world_size:
@@ -204,7 +224,8 @@ def request_from_config(
         fields = LayoutRequest.model_fields
         return LayoutRequest(**{k: v for k, v in block.model_dump().items() if k in fields})
     # the layout's own "auto" fields from the flags; the others (lr, clipping, …) do not change the layout
-    cfg, _, unfilled = fill_auto(_fill_layout_autos(cfg, given or {}, flag), RunFacts())
+    cfg, _, unfilled = fill_auto(_fill_layout_autos(cfg, given or {}, flag, notes), RunFacts())
+    precision_open = bool(cfg.pop("_dstk_precision_open", False))
     problems = unfilled + type_problems(cfg)
     if problems:
         raise UserError(f"{flag}: {problems[0]}")
@@ -222,6 +243,7 @@ def request_from_config(
     precision = (
         "bf16" if get_path(cfg, "bf16.enabled") else "fp16" if get_path(cfg, "fp16.enabled") else "fp32"
     )
+    precision = None if precision_open and precision == "fp32" else precision
     ep = get_path(cfg, "expert_parallel.autoep_size")
     return LayoutRequest(
         zero_stage=int(zero.get("stage", 0)),
