@@ -130,9 +130,6 @@ def _grow(args: argparse.Namespace) -> int:
     if args.data is not None:
         input_dir(args.data, "--data", "the folder dstk data prepare wrote")
 
-    import sys
-
-    print(f"growing {args.source} into {target.name} …", file=sys.stderr, flush=True)
     from toolkit.run.grow import grow
 
     result = grow(

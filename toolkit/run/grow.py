@@ -383,6 +383,10 @@ def grow(
     else:
         parent_model, parent_spec, where = checkpoint_parent(source, target, from_model, tag)
         g = plan_growth(parent_spec, target, depth_method, new_blocks)
+    import sys
+
+    # the parent loaded and the growth is valid: what follows (the weights, the check) takes seconds to minutes
+    print(f"growing {where} into {target.name} …", file=sys.stderr, flush=True)
     state = {k: v.detach().float() for k, v in parent_model.state_dict().items()}
     state = deepen(widen(state, g, width_noise, seed), g)
     grown = AutoModelForCausalLM.from_config(hf_config(target), dtype=torch.float32)
