@@ -39,7 +39,7 @@ from toolkit.run.stability import (
     local_grad_norm,
     unclipped,
 )
-from toolkit.run.step_sync import StepChannel, StepRecord, to_device
+from toolkit.run.step_sync import ScheduledCollection, StepChannel, StepRecord, to_device
 from toolkit.run.tiers import Tiers
 
 
@@ -290,15 +290,12 @@ class Trainer:
     def _due_now(self, save_due: bool) -> bool:
         """Whether this step's record must be read before the loop goes on: it is logged, checkpointed or
         judged by the spike guard now, or it is the last."""
-        step = self.step
-        return (
-            self.guard is not None
-            or save_due
-            or step % self.opts.log_every == 0
-            or step >= self.opts.steps
-            or (self.ckpt is not None and self.ckpt.snapshot_due(step, self.opts.steps))
-            or self.opts.crash_at_step == step
+        step, snapshot = (
+            self.step,
+            self.ckpt is not None and self.ckpt.snapshot_due(self.step, self.opts.steps),
         )
+        last = step >= self.opts.steps or self.opts.crash_at_step == step
+        return self.guard is not None or save_due or snapshot or last or step % self.opts.log_every == 0
 
     def run(self, logger: Logger) -> None:
         if self.guard is not None and self.step not in self.saved_steps:
@@ -306,8 +303,10 @@ class Trainer:
         loader = self._loader()
         steps = loader.steps()
         save_due = False
+        collector = ScheduledCollection()
         try:
             while self.step < self.opts.steps:
+                collector.step(self.step)
                 self._train_step(self._begin_step(next(steps)))
                 self.step += 1
                 self.position = loader.position
@@ -358,6 +357,7 @@ class Trainer:
             self.read(self.step)  # every step's record, before the run is summarized or saved
         finally:
             steps.close()
+            collector.close()
 
     def _begin_step(self, item: list[Any] | Step) -> list[Any]:
         """The micro-batches of the next step. A dynamic step also sets the step's learning rate — the
