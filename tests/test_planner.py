@@ -382,3 +382,50 @@ def test_ulysses_needs_kv_heads_and_sp_to_divide_one_another() -> None:
 
     assert not broken(8, 32, 16) and not broken(8, 32, 4)
     assert any("--sp: kv heads per TP rank (6) and sp(4)" in m for m in broken(6, 24, 4))
+
+
+@pytest.mark.parametrize(
+    "model,cluster,nodes,batch",
+    [
+        ("30e9", "dgx-a100-80g", 1, 504),  # 63 per rank: no power-of-two micro-batch but 1
+        ("llama-7b", "dgx-a100-80g", 2, 384),  # 24 per rank: 3, 6, 12 and 24 are not powers of two
+        ("llama-13b", "dgx-h100", 4, 480),
+        ("gpt2-xl", "dgx-a100-40g", 1, 96),
+    ],
+)
+def test_the_plan_is_never_slower_than_a_layout_given_by_flags(model, cluster, nodes, batch) -> None:
+    """Every layout a user could pin by flags in the planner's space (ZeRO stage × TP × micro-batch ×
+    recomputation, no offload) that fits the planner's margin is predicted no faster than the plan, beyond the
+    planner's near-tie rule (within NEAR_TIE of the fastest, the simplest layout wins)."""
+    from toolkit.plan.cost.estimate import estimate, estimate_memory
+    from toolkit.plan.planner import NEAR_TIE, _divisors
+
+    spec = model_from_params(float(model)) if model[0].isdigit() else load_model(model)
+    c = load_cluster(cluster, {"nodes": nodes})
+    best = plan(spec, c, PlanQuery(global_batch_size=batch))
+    assert best is not None
+    usable = (1 - DEFAULT_MARGIN) * c.gpu_memory_gib * 2**30
+    tried = 0
+    for zero in (0, 1, 2, 3):
+        for tp in (1, 2, 4, 8):
+            if spec.n_heads % tp or (c.world_size // tp) == 0 or batch % (c.world_size // tp):
+                continue
+            for micro in _divisors(batch // (c.world_size // tp)):
+                for recompute in ("none", "selective", "full"):
+                    request = LayoutRequest(
+                        zero_stage=zero,
+                        tp=tp,
+                        micro_batch_size=micro,
+                        global_batch_size=batch,
+                        recompute=recompute,
+                    )
+                    try:
+                        layout = resolve_layout(spec, c, request, scopes=BOTH)
+                    except UserError:
+                        continue
+                    if estimate_memory(spec, c, layout).total > usable:
+                        continue
+                    tried += 1
+                    theirs = estimate(spec, c, layout).tokens_per_s
+                    assert best.best.tokens_per_s >= (1 - NEAR_TIE) * theirs, (layout.flags(), theirs)
+    assert tried >= 2  # the 30B on 8 A100s fits only at ZeRO-3 with recomputation
