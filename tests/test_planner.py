@@ -16,10 +16,26 @@ from toolkit.plan.planner import plan
 from toolkit.plan.query import DEFAULT_MARGIN, PlanQuery
 from toolkit.plan.rules import RULES, resolve_layout
 
-BOTH = ("layout", "deepspeed")
+BOTH = ("layout", "deepspeed", "runs")
 
 # One violating layout per rule: (rule name, model, cluster, overrides, request fields, message pattern)
 RULE_CASES = [
+    (
+        "virtual_stages_need_pp",
+        "gpt2",
+        "dgx-a100-80g",
+        {},
+        dict(virtual_stages=2),
+        r"--virtual-stages: 2 chunks per rank need --pp > 1",
+    ),
+    (
+        "megatron_core_runtime_only",
+        "gpt2",
+        "dgx-a100-80g",
+        {},
+        dict(comm_overlap=True),
+        r"--comm-overlap: Megatron-Core's overlaps",
+    ),
     ("tp_divides_heads", "gpt2", "dgx-a100-80g", {}, dict(tp=8), r"--tp: n_heads\(12\)"),
     ("pp_le_layers", "tiny-gpt2", "dgx-a100-80g", {}, dict(pp=8), r"--pp: pp\(8\) exceeds n_layers\(4\)"),
     (

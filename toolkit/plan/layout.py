@@ -52,6 +52,8 @@ LAYOUT_FLAGS: dict[str, str] = {
     "zeropp": "--zeropp",
     "fused_kernels": "--fused-kernels",
     "flash_attention": "--flash-attention",
+    "virtual_stages": "--virtual-stages",
+    "comm_overlap": "--comm-overlap",
     "lora": "--lora",
 }
 
@@ -110,6 +112,15 @@ class LayoutRequest(BaseModel):
     what the runtime runs — HF modules in the DeepSpeed engine use SDPA wherever the family has it (on),
     Megatron-DeepSpeed's CoreAttention materializes the scores (off; on adds `--use-flash-attn-v2` to its
     launch). Off, the cost model prices the scores' HBM traffic and keeps them for backward."""
+    virtual_stages: int = Field(default=1, gt=0)
+    """Model chunks per pipeline rank (Megatron's interleaved 1F1B, `--num-layers-per-virtual-pipeline-stage`):
+    the bubble shrinks v-fold, (p−1)/(v·m), at v times the pipeline sends (Narayanan et al. 2021, §2.2.2)."""
+    comm_overlap: bool = False
+    """Megatron-Core's communication overlap, as NeMo and Megatron-LM's H100 recipes run it: the distributed
+    optimizer's gradient reduce-scatter behind backward and its parameter all-gather behind the next forward
+    (`--overlap-grad-reduce --overlap-param-gather`), and Transformer Engine's userbuffers hiding each TP
+    collective behind the GEMM beside it (`--tp-comm-overlap`). Off: DeepSpeed's schedule, where ZeRO-1/2's
+    all-gather of updated parameters follows the step and TP collectives sit between GEMMs."""
     lora: str | None = None
     """LoRA fine-tuning, e.g. `r=16,alpha=32[,dropout=0.05][,targets=q_proj+v_proj]`: adapters train, the
     base weights are frozen (no gradients or optimizer states for them); see toolkit/plan/lora.py."""

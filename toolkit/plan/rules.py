@@ -26,7 +26,8 @@ class Rule:
     check: Check
     scope: str = "layout"
     """"layout": no layout can break it and exist; "deepspeed": what dstk's DeepSpeed run path (HF models in
-    the DeepSpeed engine) cannot run here, though another runtime (e.g. Megatron-DeepSpeed) might."""
+    the DeepSpeed engine) cannot run here, though another runtime (e.g. Megatron-DeepSpeed) might; "runs":
+    what no runtime dstk configures can run (knobs `dstk estimate` prices for other stacks' published runs)."""
 
 
 def _divisors(n: int) -> list[int]:
@@ -303,8 +304,30 @@ def _hf_attention_is_the_runtime(m: ModelSpec, c: ClusterSpec, r: LayoutRequest,
     )
 
 
+def _virtual_stages_need_pp(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """An interleaved pipeline gives each of the p ranks v chunks of whole blocks."""
+    if r.virtual_stages > 1 and (r.pp == 1 or m.n_layers % (r.pp * r.virtual_stages)):
+        return (
+            f"--virtual-stages: {r.virtual_stages} chunks per rank need --pp > 1 and n_layers({m.n_layers}) "
+            f"divisible by pp({r.pp}) × virtual stages({r.virtual_stages})"
+        )
+    return None
+
+
+def _megatron_core_only(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """Interleaved pipelines and Megatron-Core's communication overlap are runtimes dstk prices (published runs,
+    `dstk estimate`) but does not run: DeepSpeed's pipeline engine is plain 1F1B and overlaps no TP collective,
+    and Megatron-DeepSpeed (`--target megatron`) has neither."""
+    if r.virtual_stages > 1:
+        return "--virtual-stages: Megatron-Core's interleaved schedule; DeepSpeed's and Megatron-DeepSpeed's pipelines run plain 1F1B"
+    if r.comm_overlap:
+        return "--comm-overlap: Megatron-Core's overlaps (--overlap-param-gather, --tp-comm-overlap); DeepSpeed and Megatron-DeepSpeed run without them"
+    return None
+
+
 RULES: tuple[Rule, ...] = (
     Rule("tp_divides_heads", _tp_divides_heads),
+    Rule("virtual_stages_need_pp", _virtual_stages_need_pp),
     Rule("pp_le_layers", _pp_le_layers),
     Rule("pipeline_needs_zero_le_1", _pipeline_zero),
     Rule("param_offload_needs_zero3", _param_offload_needs_zero3),
@@ -326,6 +349,7 @@ RULES: tuple[Rule, ...] = (
     Rule("native_moe_needs_zero_le_2", _native_moe_zero3, scope="deepspeed"),
     Rule("tp_sequence_parallel_needs_megatron", _tp_sp_needs_megatron, scope="deepspeed"),
     Rule("hf_attention_is_the_runtime", _hf_attention_is_the_runtime, scope="deepspeed"),
+    Rule("megatron_core_runtime_only", _megatron_core_only, scope="runs"),
     Rule("lora_targets_exist", _lora_targets),
     Rule("lora_is_data_parallel", _lora_data_parallel, scope="deepspeed"),
     Rule("sp_supports_architecture", _cluster_free(_sp_architecture), scope="deepspeed"),

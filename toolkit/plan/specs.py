@@ -238,7 +238,12 @@ class ClusterSpec(BaseModel):
     differ — gloo on CPU runs all-gather and reduce-scatter at a third of its all-reduce; `dstk calibrate`
     measures it. Unset (NCCL, whose rings give every collective the same bus bandwidth): intra_node_gb_per_s."""
     collective_latency_us: float = Field(default=10, ge=0)
-    """Fixed cost of one collective call (launch + synchronisation), microseconds."""
+    """Host cost of issuing one collective call, microseconds, beyond the latency of the algorithm NCCL runs
+    (toolkit.plan.cost.comm); on the CPU accelerator the whole per-call cost of gloo, as calibrated."""
+    nccl_ll128_across_nodes: bool = False
+    """NCCL runs its LL128 protocol over the network: on Hopper and newer GPUs only (NCCL tuning.cc:518-536,
+    `NCCL_LL128` enabled up to PXN paths on sm90+, up to PXB before), so on an A100 cluster a medium message
+    that crosses nodes runs LL (half the bandwidth, capped) or Simple (14 µs network steps)."""
     gpu_power_w: float = Field(default=400, gt=0)
     """Board power per accelerator under training load, W (for energy estimates)."""
     kernel_launch_us: float = Field(default=5, ge=0)
