@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from toolkit.errors import UserError
+from toolkit.plan import fp8_support
 from toolkit.plan.architectures import supporting
 from toolkit.plan.cost.activations import runtime_flash_attention
 from toolkit.plan.layout import Layout, LayoutRequest, batch_arithmetic, data_parallel_size, default_precision
@@ -26,7 +27,8 @@ class Rule:
     check: Check
     scope: str = "layout"
     """"layout": no layout can break it and exist; "deepspeed": what dstk's DeepSpeed run path (HF models in
-    the DeepSpeed engine) cannot run here, though another runtime (e.g. Megatron-DeepSpeed) might."""
+    the DeepSpeed engine) cannot run here, though another runtime (e.g. Megatron-DeepSpeed) might; "megatron":
+    what Megatron-DeepSpeed (`--target megatron`) cannot run."""
 
 
 def _divisors(n: int) -> list[int]:
@@ -91,8 +93,8 @@ def _offload_activations_needs_full(m: ModelSpec, c: ClusterSpec, r: LayoutReque
 
 
 def _precision_supported(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
-    if r.precision and not c.supports(r.precision):
-        valid = [p for p in ("bf16", "fp16", "fp32") if c.supports(p)]
+    if r.precision and r.precision != "fp8" and not c.supports(r.precision):
+        valid = [p for p in ("bf16", "fp16", "fp32", "fp8") if c.supports(p)]
         return (
             f"--precision: {r.precision} is not supported on {c.accelerator} accelerators of cluster {c.name}; "
             f"valid: {', '.join(valid)}"
@@ -313,6 +315,7 @@ RULES: tuple[Rule, ...] = (
     Rule("nvme_needs_local_nvme", _nvme_present),
     Rule("offload_activations_needs_full_recompute", _offload_activations_needs_full),
     Rule("precision_supported", _precision_supported),
+    Rule("fp8_needs_hopper_or_ada", fp8_support.needs_fp8_tensor_cores),
     Rule("onebit_needs_zero0", _onebit_needs_zero0),
     Rule("ep_needs_moe", _ep_needs_moe),
     Rule("ep_divides_experts_and_dp", _ep_divides),
@@ -328,6 +331,8 @@ RULES: tuple[Rule, ...] = (
     Rule("hf_attention_is_the_runtime", _hf_attention_is_the_runtime, scope="deepspeed"),
     Rule("lora_targets_exist", _lora_targets),
     Rule("lora_is_data_parallel", _lora_data_parallel, scope="deepspeed"),
+    Rule("fp8_converts_hf_linear_layers", _cluster_free(fp8_support.torchao_converts), scope="deepspeed"),
+    Rule("fp8_fits_transformer_engine_layer", _cluster_free(fp8_support.te_layer_builds), scope="megatron"),
     Rule("sp_supports_architecture", _cluster_free(_sp_architecture), scope="deepspeed"),
     Rule("sp_is_dense_data_parallel", _cluster_free(_sp_dense_data_parallel), scope="deepspeed"),
     Rule("sp_divides_accumulation", _cluster_free(_sp_divides_accumulation), scope="deepspeed"),
@@ -383,7 +388,9 @@ def resolve_layout(
     )
     fields = request.model_dump()
     fields.update(
-        flash_attention=runtime_flash_attention(model, request.flash_attention, request.fused_kernels),
+        flash_attention=runtime_flash_attention(
+            model, request.flash_attention, request.fused_kernels, request.precision
+        ),
         precision=request.precision or default_precision(cluster),
         dp=dp,
         world_size=world,
