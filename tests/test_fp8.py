@@ -216,12 +216,28 @@ def test_plan_with_allow_fp8_picks_fp8_under_transformer_engine_and_says_why() -
 
 
 def test_plan_with_allow_fp8_keeps_bf16_where_eager_casts_cost_more() -> None:
-    r = dstk("plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--allow-fp8", "--json")
+    pins = ["--zero-stage", "1", "--tp", "1", "--pp", "1"]  # layouts torchao's conversion runs
+    r = dstk("plan", "--model", "llama3-8b", "--cluster", "dgx-h100", *pins, "--allow-fp8", "--json")
     assert r.code == 0, r.err
     data = json.loads(r.out)
     assert data["layout"]["precision"] == "bf16"
     (line,) = [x for x in data["explanation"] if "fp8 weighed" in x]
-    assert re.search(r"its best layout makes 0\.\d\d× the tokens/s .*torchao\.float8", line)
+    assert re.search(r"fp8 weighed \(torchao\.float8\): 0\.\d\d× the tokens/s of the best bf16 layout", line)
+    assert re.search(
+        r"in the bf16 layout fp8 makes 0\.\d\d×: the FP8 casts cost more than its faster GEMMs", line
+    )
+
+
+def test_fp8_line_names_the_attention_kernel_that_comes_with_transformer_engine() -> None:
+    """Under --target megatron bf16 runs CoreAttention unless --flash-attention; TE's layer brings its own fused
+    attention, and the line says that part of the gain is that."""
+    from toolkit.plan.planner import plan
+    from toolkit.plan.query import PlanQuery
+
+    model, c = load_model("gpt3-13b"), load_cluster("dgx-h100", {"nodes": 2})
+    p = plan(model, c, PlanQuery(global_batch_size=256, scopes=MEGATRON, allow_fp8=True))
+    (line,) = [x for x in p.explanation if x.startswith("Precision fp8")]
+    assert "part of it is Transformer Engine's fused attention, where the bf16 layout runs unfused" in line
 
 
 @pytest.mark.parametrize(

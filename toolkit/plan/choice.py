@@ -127,7 +127,8 @@ def explain(best: Candidate, alternatives: list[tuple[str, Candidate]], search: 
 
 def _precision_line(best: Candidate, search: Any) -> str:
     """Why the winner's precision: as requested, the cluster's fastest, or — with fp8 weighed — the best fp8
-    layout against the best of the default precision, in tokens/s and memory per GPU."""
+    layout against the best of the default precision, in tokens/s and memory per GPU, with what else differs
+    between them (the attention kernel; a layout the fp8 runtime cannot run)."""
     precision = best.layout.precision
     if search.query.precision is not None:
         return f"Precision {precision}: as requested."
@@ -137,28 +138,47 @@ def _precision_line(best: Candidate, search: Any) -> str:
         return reason
     by = {p: [c for c in search.fitting if c.layout.precision == p] for p in search.precisions}
     if not by["fp8"]:
-        why = "; ".join(
-            sorted({c.rejected_because or "" for c in search.too_big if c.layout.precision == "fp8"})
-        )
-        return f"{reason} No fp8 layout {'fits: ' + why[:200] if why else 'meets the rules'}."
+        big = [c for c in search.too_big if c.layout.precision == "fp8"]
+        if big:
+            return f"{reason} No fp8 layout fits; the smallest {min(big, key=lambda c: c.total_bytes).rejected_because}."
+        return f"{reason} No fp8 layout meets the rules (below)."
     if not by[default]:
-        return "Precision fp8: no layout fits in the cluster's default precision."
+        return f"Precision fp8: no layout fits in {default}."
     fp8, other = pick(by["fp8"]), pick(by[default])
     assert fp8.estimate is not None and other.estimate is not None
-    ratio = fp8.tokens_per_s / other.tokens_per_s
-    extra = fp8.estimate.memory.total - other.estimate.memory.total
-    memory = f"{format_bytes(abs(extra), 1)} {'more' if extra >= 0 else 'less'} per GPU"
     runtime = (
         "Transformer Engine, delayed scaling" if fp8.layout.fp8_recipe == "delayed" else "torchao.float8"
     )
-    steps = f"step {fp8.estimate.time.total_s:.3g} s against {other.estimate.time.total_s:.3g} s"
+    extra = fp8.estimate.memory.total - other.estimate.memory.total
+    versus = (
+        f"{fp8.tokens_per_s / other.tokens_per_s:.2f}× the tokens/s of the best {default} layout (step "
+        f"{fp8.estimate.time.total_s:.3g} s against {other.estimate.time.total_s:.3g} s), "
+        f"{format_bytes(abs(extra), 1)} {'more' if extra >= 0 else 'less'} per GPU"
+    )
+    if fp8.layout.flash_attention and not other.layout.flash_attention:
+        versus += (
+            f"; part of it is {runtime.split(',')[0]}'s fused attention, where the {default} layout runs "
+            "unfused attention (--flash-attention prices it fused)"
+        )
     if precision == "fp8":
         return (
-            f"Precision fp8: {ratio:.2f}× the tokens/s of the best {default} layout ({steps}), {memory}; the "
-            f"linear layers' GEMMs run in FP8 ({runtime}), attention, norms and the LM head in bf16."
+            f"Precision fp8: {versus}; the linear layers' GEMMs run in FP8 ({runtime}), attention, norms and "
+            "the LM head in bf16."
         )
-    return (
-        f"{reason} fp8 weighed: its best layout makes {ratio:.2f}× the tokens/s ({steps}, {memory}, "
-        f"{runtime}): the FP8 casts cost more than the faster GEMMs save here"
-        + ("." if ratio < 1 else ", or it wins by less than the near-tie band.")
-    )
+    same = [c for c in by["fp8"] if _same_but_precision(c.layout, other.layout)]
+    if not same:
+        why = f"the {default} layout cannot run in fp8 here (it breaks a rule below or does not fit)"
+    elif same[0].tokens_per_s < other.tokens_per_s:
+        ratio = same[0].tokens_per_s / other.tokens_per_s
+        why = f"in the {default} layout fp8 makes {ratio:.2f}×: the FP8 casts cost more than its faster GEMMs save"
+    else:
+        why = "it wins by less than the near-tie band, where the simpler precision stays"
+    return f"{reason} fp8 weighed ({runtime}): {versus}; {why}."
+
+
+def _same_but_precision(a: Layout, b: Layout) -> bool:
+    """The same layout but for the precision (and the attention kernel that comes with it)."""
+    skip = {"precision", "flash_attention"}
+    return {k: v for k, v in a.model_dump().items() if k not in skip} == {
+        k: v for k, v in b.model_dump().items() if k not in skip
+    }
