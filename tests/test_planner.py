@@ -163,6 +163,31 @@ RULE_CASES = [
     ),
     ("lora_targets_exist", "gpt2", "dgx-a100-80g", {}, dict(lora="r=8,targets=q_proj"), r"valid: c_attn"),
     ("lora_is_data_parallel", "llama-7b", "dgx-a100-80g", {}, dict(lora="r=8", tp=2), r"data parallelism"),
+    (
+        "fp8_needs_hopper_or_ada",
+        "llama-7b",
+        "dgx-a100-80g",
+        {},
+        dict(precision="fp8"),
+        r"^--precision: fp8 needs FP8 tensor cores .* dgx-a100-80g has no FP8 tensor cores; GPUs with FP8: "
+        r"h100-nvl, h100-pcie-80gb, h100-sxm5-80gb, h200-sxm-141gb, l40s, l4",
+    ),
+    (
+        "fp8_converts_hf_linear_layers",
+        "gpt2",
+        "dgx-h100",
+        {},
+        dict(precision="fp8"),
+        r"Conv1D, not nn.Linear",
+    ),
+    (
+        "fp8_fits_transformer_engine_layer",
+        "llama-7b",
+        "dgx-h100",
+        {},
+        dict(precision="fp8", zero_stage=1),
+        r"Transformer Engine's TransformerLayer\) cannot run llama-7b as planned: RMSNorm or a gated MLP",
+    ),
 ]
 
 
@@ -179,7 +204,7 @@ def test_named_rule_rejects_with_message(rule, model, cluster, over, fields, mat
         m = m.model_copy(update={"num_experts": 4})
     c = load_cluster(cluster, over)
     with pytest.raises(UserError, match=match) as info:
-        resolve_layout(m, c, LayoutRequest(**fields), BOTH)
+        resolve_layout(m, c, LayoutRequest(**fields), (*BOTH, "megatron"))
     assert "\n" not in str(info.value)
 
 
@@ -413,8 +438,9 @@ def test_the_plan_is_never_slower_than_a_layout_given_by_flags(model, cluster, n
     """Every layout a user could pin by flags in the planner's space (ZeRO stage × TP × micro-batch ×
     recomputation, no offload) that fits the planner's margin is predicted no faster than the plan, beyond the
     planner's near-tie rule (within NEAR_TIE of the fastest, the simplest layout wins)."""
+    from toolkit.plan.choice import NEAR_TIE
     from toolkit.plan.cost.estimate import estimate, estimate_memory
-    from toolkit.plan.planner import NEAR_TIE, _divisors
+    from toolkit.plan.planner import _divisors
 
     spec = model_from_params(float(model)) if model[0].isdigit() else load_model(model)
     c = load_cluster(cluster, {"nodes": nodes})

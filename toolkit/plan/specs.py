@@ -18,7 +18,9 @@ from toolkit.plan.architectures import ARCHITECTURES, ArchitectureFacts
 
 Architecture = Literal["gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3_moe", "bloom"]
 Accelerator = Literal["cuda", "cpu", "xpu", "hpu", "npu", "mps"]
-Precision = Literal["bf16", "fp16", "fp32"]
+Precision = Literal["bf16", "fp16", "fp32", "fp8"]
+"""Training precision. `fp8` is bf16 training whose linear layers run their GEMMs in FP8 (Transformer Engine,
+torchao.float8): weights, gradients, optimizer states and activations stay bf16 (toolkit/plan/cost/fp8.py)."""
 
 _STRICT = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
@@ -210,6 +212,14 @@ class ClusterSpec(BaseModel):
     """Node hostnames for the hostfile (default: localhost for one node)."""
     gpu_fp32_peak_tflops: float | None = Field(default=None, gt=0)
     """fp32 (non-tensor-core) peak per accelerator, TFLOP/s (default: gpu_peak_tflops / 16, the A100 ratio)."""
+    gpu_fp8_peak_tflops: float | None = Field(default=None, gt=0)
+    """Dense FP8 tensor-core peak per accelerator, TFLOP/s (E4M3/E5M2 inputs, fp32 accumulation, no sparsity;
+    presets/gpus.yaml's `fp8_tflops`). None: no FP8 tensor cores (before Ada/Hopper), so no `--precision fp8`."""
+    gpu_fp8_matmul_efficiency: float | None = Field(default=None, gt=0, le=1)
+    """Sustained fraction of the FP8 peak that training-sized FP8 GEMMs reach (default: gpu_matmul_efficiency).
+    The best FP8 GEMMs reach a smaller share of their doubled peak than bf16 ones — 70.9 % of 1979 against
+    80.3 % of 989 on H100 SXM, 73.4 % on H200 (stas00/ml-engineering, "Maximum Achievable Matmul FLOPS") —
+    so the H100/H200 presets scale their bf16 efficiency by that ratio."""
     supports_bf16: bool = True
     """bf16 arithmetic is available (false on V100-class GPUs)."""
     supports_fp16: bool | None = None
@@ -302,9 +312,22 @@ class ClusterSpec(BaseModel):
         return self.nodes * self.gpus_per_node
 
     def peak_flops(self, precision: Precision) -> float:
-        """Peak FLOP/s per accelerator at the training precision."""
+        """Peak FLOP/s per accelerator at the training precision (fp8: of its FP8 GEMMs, MFU's denominator for
+        an fp8 run as in NVIDIA's published tables)."""
+        if precision == "fp8":
+            if self.gpu_fp8_peak_tflops is None:
+                raise ValueError(f"cluster {self.name} has no FP8 peak (gpu_fp8_peak_tflops)")
+            return self.gpu_fp8_peak_tflops * 1e12
         tflops = self.gpu_fp32_peak_tflops if precision == "fp32" else self.gpu_peak_tflops
         return tflops * 1e12
 
+    def fp8_matmul_efficiency(self) -> float:
+        """The sustained fraction of the FP8 peak (gpu_fp8_matmul_efficiency, else gpu_matmul_efficiency)."""
+        return self.gpu_fp8_matmul_efficiency or self.gpu_matmul_efficiency
+
     def supports(self, precision: Precision) -> bool:
+        """Whether the accelerator trains in `precision`; fp8 needs FP8 tensor cores on CUDA and bf16 beside
+        them (everything but the linear layers' GEMMs stays bf16)."""
+        if precision == "fp8":
+            return self.accelerator == "cuda" and self.gpu_fp8_peak_tflops is not None and self.supports_bf16
         return {"bf16": self.supports_bf16, "fp16": bool(self.supports_fp16), "fp32": True}[precision]

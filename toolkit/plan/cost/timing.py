@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 from toolkit.plan.cost import activations as act
 from toolkit.plan.cost import comm
-from toolkit.plan.cost.compute import StageCompute
+from toolkit.plan.cost.compute import StageCompute, block_linears
+from toolkit.plan.cost.fp8 import amax_bytes
 from toolkit.plan.layout import Layout
 from toolkit.plan.specs import ClusterSpec, ModelSpec
 from toolkit.plan.zero_knobs import ZeroKnobs
@@ -116,6 +117,11 @@ def _micro_comm_s(model: ModelSpec, cluster: ClusterSpec, layout: Layout, load: 
         # activations forward and their gradients backward; Megatron's scatter/gather sends 1/t per rank; an
         # interleaved schedule sends at every one of a rank's v chunk boundaries
         t += 2 * layout.virtual_stages * comm.p2p_s(tokens * h * e / layout.tp, crosses, cluster)
+    if layout.fp8_recipe == "delayed" and load.n_blocks:
+        # Transformer Engine reduces its amaxes over fp8_group, Megatron's data-parallel group, after each
+        # forward and each backward (toolkit/plan/cost/fp8.py)
+        linears = block_linears(model, tokens, layout.tp, load.n_moe_blocks > 0, layout.ep)
+        t += 2 * comm.all_reduce_s(amax_bytes(linears, load.n_blocks) / 2, g["dp"], cluster)
     return t
 
 
@@ -283,7 +289,7 @@ def step_time(
     opt, offload = _optimizer_s(cluster, layout, load)
     opt += cluster.step_overhead_ms * 1e-3
     return StepTime(
-        compute_s=m * load.compute.total_s,
+        compute_s=m * load.compute.total_s + load.compute.per_step_s,
         pipeline_bubble_s=(p - 1) * slot / layout.virtual_stages,
         model_parallel_comm_s=m * micro_comm,
         data_parallel_comm_s=_dp_exposed_s(model, cluster, layout, load, e, knobs),
