@@ -98,6 +98,14 @@ def _architecture_problems(model: ModelSpec) -> list[str]:
         problems.append(f"a gated {model.activation} MLP (--swiglu is SiLU)")
     if not model.gated_mlp and model.activation in ("silu", "relu"):
         problems.append(f"an ungated {model.activation} MLP (GeLU or --swiglu)")
+    if model.qk_norm:
+        problems.append("q/k norms")
+    if model.family.norms_per_block != 2:
+        problems.append(f"{model.family.norms_per_block} norms per block (pre-norm only)")
+    if model.family.embedding_scale:
+        problems.append("embeddings scaled by √h")
+    if model.sliding_window is not None:
+        problems.append("sliding-window layers")
     if model.is_moe and model.moe_ffn_hidden_size != model.ffn_hidden_size:
         problems.append("experts narrower or wider than the dense MLP (one --ffn-hidden-size)")
     return problems

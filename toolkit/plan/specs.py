@@ -14,9 +14,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from toolkit.plan.architectures import ARCHITECTURES, ArchitectureFacts
+from toolkit.plan.architectures import ACTIVATIONS, ARCHITECTURES, ArchitectureFacts
 
-Architecture = Literal["gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3_moe", "bloom"]
+# Exactly the families and activations of plan/architectures.py's tables: a new family is a table entry, and
+# pydantic's error for any other name lists the valid ones.
+Architecture = Literal[tuple(ARCHITECTURES)]  # type: ignore[valid-type]
+Activation = Literal[tuple(ACTIVATIONS)]  # type: ignore[valid-type]
 Accelerator = Literal["cuda", "cpu", "xpu", "hpu", "npu", "mps"]
 Precision = Literal["bf16", "fp16", "fp32", "fp8"]
 """Training precision. `fp8` is bf16 training whose linear layers run their GEMMs in FP8 (Transformer Engine,
@@ -80,9 +83,10 @@ class ModelSpec(BaseModel):
     """LayerNorm (weight + bias) or RMSNorm (weight only) (default by architecture)."""
     embedding_norm: bool | None = None
     """A LayerNorm right after the word embeddings, as in BLOOM (default by architecture)."""
-    activation: Literal["gelu", "gelu_new", "silu", "relu"] | None = None
+    activation: Activation | None = None
     """MLP activation (HF names): gelu (exact, or Megatron's fused), gelu_new (GPT-2's tanh approximation in
-    five elementwise ops, which keeps more activations), silu (SwiGLU)."""
+    eight elementwise ops, which keeps more activations), gelu_pytorch_tanh (the same approximation in one
+    kernel: Gemma's GeGLU), silu (SwiGLU), relu."""
     dropout: bool | None = None
     """Dropout after attention, residuals and embeddings (GPT-2: yes; Llama, BLOOM: none); masks cost memory."""
     num_experts: int = Field(default=0, ge=0)
@@ -102,7 +106,14 @@ class ModelSpec(BaseModel):
     """Inner width of an always-on shared expert beside the routed ones, with a sigmoid gate h → 1
     (Qwen2-MoE's `shared_expert_intermediate_size`); 0: none."""
     qk_norm: bool = False
-    """RMSNorm over each head's query and key (Qwen3): 2·head_dim weights per block (default by architecture)."""
+    """RMSNorm over each head's query and key (Qwen3, Gemma 3): 2·head_dim weights per block (default by
+    architecture)."""
+    sliding_window: int | None = Field(default=None, gt=0)
+    """Keys a local-attention layer sees (Gemma 3: 512 in the 1B, 1024 above); None: every layer attends to
+    the whole sequence. Only families whose HF model has local layers accept it."""
+    sliding_window_pattern: int = Field(default=1, gt=0)
+    """With a sliding window, every k-th block attends globally and the others locally (Gemma 3: 6, i.e. five
+    local layers to one global one)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -151,6 +162,11 @@ class ModelSpec(BaseModel):
             raise ValueError(
                 f"moe_layer_interval: {self.moe_layer_interval} exceeds n_layers({self.n_layers}); no block would be MoE"
             )
+        if self.sliding_window is not None and not self.family.local_attention:
+            raise ValueError(
+                f"sliding_window: HF's {self.architecture} attends globally in every layer; local layers exist in "
+                f"{', '.join(n for n, f in ARCHITECTURES.items() if f.local_attention)} models"
+            )
         if self.position_embedding == "learned" and self.max_position_embeddings < self.seq_length:
             raise ValueError(
                 f"seq_length: {self.seq_length} exceeds max_position_embeddings({self.max_position_embeddings})"
@@ -165,6 +181,14 @@ class ModelSpec(BaseModel):
     def family(self) -> ArchitectureFacts:
         """What dstk knows about this model's architecture family (toolkit/plan/architectures.py)."""
         return ARCHITECTURES[self.architecture]
+
+    @property
+    def n_local_layers(self) -> int:
+        """Blocks that attend through the sliding window: all but every `sliding_window_pattern`-th (HF
+        Gemma3TextConfig: layer i is global when (i + 1) % pattern == 0)."""
+        if self.sliding_window is None:
+            return 0
+        return self.n_layers - self.n_layers // self.sliding_window_pattern
 
     @property
     def n_moe_layers(self) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from toolkit.plan.architectures import ACTIVATIONS
 from toolkit.plan.layout import Layout, LayoutRequest
 from toolkit.plan.specs import ModelSpec
 
@@ -47,14 +48,10 @@ class ActivationTerms:
 
 
 def _mlp_saved(model: ModelSpec) -> int:
-    """Tensors of the MLP's inner width autograd keeps: a fused GeLU (Megatron, nn.GELU) its input and the
-    second matmul's input, 2; a gated MLP gate, up, act(gate) and their product, 4; HF GPT-2's `gelu_new`
-    (tanh approximation written as eight elementwise ops) 5: its input x, tanh(·), 0.5·x, 1 + tanh(·) and the
-    output, which is the second matmul's input (counted with autograd's saved-tensor hooks on the HF module;
-    tests/test_estimate.py)."""
-    if model.gated_mlp:
-        return 4
-    return 5 if model.activation == "gelu_new" else 2
+    """Tensors of the MLP's inner width autograd keeps: a gated MLP gate, up, act(gate) and their product, 4;
+    an ungated one what `plan/architectures.py`'s ACTIVATIONS says (a fused GeLU its input and the second
+    matmul's input, 2; HF GPT-2's eight-op `gelu_new` 5)."""
+    return 4 if model.gated_mlp else ACTIVATIONS[model.activation].saved
 
 
 def block_terms(
@@ -79,8 +76,9 @@ def block_terms(
     # Softmax output (and, with dropout, its mask and dropped-out copy): b·a·s² elements, i.e. a·s per token.
     per_token_scores = model.n_heads * s
     quadratic = per_token_scores * (e + (mask + e if mask else 0))
-    # Two norm inputs, the QKV input, the MLP input, and two residual dropout masks.
-    replicated = 2 * e * h + fp8 * h + fp8 * h + 2 * mask * h
+    # The norm inputs (two; Gemma's post-norms add the attention and MLP outputs), the QKV input, the MLP
+    # input, and two residual dropout masks.
+    replicated = model.family.norms_per_block * e * h + fp8 * h + fp8 * h + 2 * mask * h
     # of the MLP's saved tensors, the second matmul's input is that linear layer's own
     per_width = (_mlp_saved(model) - 1) * e + fp8
     if moe:

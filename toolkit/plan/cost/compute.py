@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from toolkit.plan.architectures import ACTIVATIONS
 from toolkit.plan.cost.activations import MASK_BYTES
 from toolkit.plan.cost.fp8 import CastTraffic, Fp8Gemms, Linear, cast_traffic
 from toolkit.plan.params import ParamCount
@@ -27,12 +28,9 @@ from toolkit.plan.specs import ClusterSpec, ModelSpec
 # with fused SDPA attention.
 KERNELS_PER_BLOCK_FORWARD = 15
 
-# Elementwise kernels of the MLP activation in HF and the tensor passes (reads + writes, in units of the MLP
-# width) they make forward. gelu_new is NewGELUActivation, `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`:
-# pow, mul, add, mul, tanh, add, mul, mul — eight kernels, 18 passes. A gated MLP (SwiGLU) applies the
-# activation to the gate (2 passes) and multiplies by the up projection (3). gelu and relu are one kernel.
-ACTIVATION_KERNELS = {"gelu": 1, "relu": 1, "silu": 1, "gelu_new": 8}
-ACTIVATION_PASSES = {"gelu": 2, "relu": 2, "silu": 2, "gelu_new": 18}
+# The MLP activation's elementwise kernels and tensor passes come from `plan/architectures.py`'s ACTIVATIONS
+# (gelu_new: pow, mul, add, mul, tanh, add, mul, mul — eight kernels, 18 passes). A gated MLP (SwiGLU, GeGLU)
+# applies the activation to the gate and multiplies by the up projection: one more kernel, 3 more passes.
 
 
 # HF's eager LlamaRMSNorm (and Qwen2/Mistral's copies): `x.to(fp32)`, `pow(2)`, `mean`, `+ eps`, `rsqrt`, `x *`,
@@ -55,12 +53,13 @@ def rmsnorm_eager_passes(e: int) -> float:
 def kernels_per_block(model: ModelSpec, fused: bool = True, flash: bool = True) -> int:
     """Kernels one block issues in forward; `fused=False` adds HF eager RMSNorm's and rotary's kernels,
     `flash=False` the materialized attention core's (QKᵀ, softmax, dropout, AV instead of one fused kernel)."""
-    n = KERNELS_PER_BLOCK_FORWARD + ACTIVATION_KERNELS[model.activation] + (1 if model.gated_mlp else 0)
+    n = KERNELS_PER_BLOCK_FORWARD + ACTIVATIONS[model.activation].kernels + (1 if model.gated_mlp else 0)
+    n += model.family.norms_per_block - 2  # Gemma's post-norms
     if not flash:
         n += 2 + (1 if model.dropout else 0)
     if not fused:
         if model.norm == "rmsnorm":
-            n += 2 * (RMSNORM_EAGER_KERNELS - 1)
+            n += model.family.norms_per_block * (RMSNORM_EAGER_KERNELS - 1)
         if model.position_embedding == "rope":
             n += 2 * ROTARY_EAGER_KERNELS
     return n
@@ -213,11 +212,11 @@ def block_time(
         ffn_tp = model.moe_ffn_hidden_size * model.moe_top_k * model.moe_capacity_factor + shared / tp
     else:
         ffn_tp = model.ffn_hidden_size / tp
-    # memory-bound passes per token: 2 norms (read+write h), 2 residual adds (read 2h, write h), the
-    # activation's kernels (and the gate product)
+    # memory-bound passes per token: the norms (read+write h; 2, or Gemma's 4), 2 residual adds (read 2h,
+    # write h), the activation's kernels (and the gate product)
     norm = 2 if fused or model.norm != "rmsnorm" else rmsnorm_eager_passes(e)
-    replicated = 2 * norm * h + 2 * 3 * h
-    act = ACTIVATION_PASSES[model.activation] + (3 if model.gated_mlp else 0)
+    replicated = model.family.norms_per_block * norm * h + 2 * 3 * h
+    act = ACTIVATIONS[model.activation].passes + (3 if model.gated_mlp else 0)
     passes = (replicated / tp if sequence_parallel else replicated) + act * ffn_tp
     if not fused and model.position_embedding == "rope":
         passes += ROTARY_EAGER_PASSES * (q_w + kv_w) / tp
