@@ -259,6 +259,48 @@ HOPPER_RUNS: list[tuple[str, str, str, str, float, str]] = [
         430,
         "Hopper, Megatron-Core/NeMo, bf16",
     ),
+    # The same DGX Cloud recipes in FP8 (Transformer Engine, delayed scaling; same layouts, same READMEs'
+    # "Expected Performance" FP8 tables): `--precision fp8` prices TE's casts, amax reductions and weight copies
+    *(
+        (
+            f"NeMo {name} FP8, {n} H100",
+            f"{DGXC} {readme} FP8 ({what})",
+            _mcore(model, n // 8, f"{layout} --precision fp8"),
+            "tok",
+            tps,
+            "Hopper, Megatron-Core/NeMo, fp8",
+        )
+        for name, n, model, readme, layout, tps, what in (
+            (
+                "GPT-3 175B, TP4 PP8 VP12", 512, f"{M}/gpt3-175b-2k.yaml", "nemo-megatron README_175b.md",
+                f"--tp 4 --pp 8 --virtual-stages 12 --micro-batch 1 --global-batch 1024 {TPX}",
+                1024 * 2048 / 6.44 / 512, "step 6.44 s",
+            ),
+            (
+                "Nemotron-4 15B, TP4", 512, f"{M}/nemotron4-15b.yaml", "README_15b.md",
+                f"--tp 4 --micro-batch 4 --global-batch 2048 {TPX}", 2048 * 4096 / 2.12 / 512, "step 2.12 s",
+            ),
+            (
+                "Nemotron-4 340B, TP8 PP8 VP12", 512, f"{M}/nemotron4-340b.yaml", "README_340b.md",
+                f"--tp 8 --pp 8 --virtual-stages 12 --micro-batch 1 --global-batch 128 {TPX}",
+                128 * 4096 / 3.26 / 512, "step 3.26 s",
+            ),
+            (
+                "Llama 3.1 70B, TP4 PP4 VP5 CP2", 64, f"{M}/llama3-70b.yaml", "llama3.1 README_70b.md",
+                f"--tp 4 --pp 4 --virtual-stages 5 --sp 2 --micro-batch 1 --global-batch 128 {TPX}",
+                95239 / 64, "95,239 tokens/s",
+            ),
+            (
+                "Llama 3.1 8B, CP2", 8, "llama3-8b", "llama3.1 README_8b.md",
+                "--sp 2 --micro-batch 1 --global-batch 128", 108436 / 8, "108,436 tokens/s",
+            ),
+            (
+                "Llama 3.1 405B, TP8 PP9 VP7 CP2", 576, "llama3-405b", "llama3.1 README_405b.md",
+                f"--tp 8 --pp 9 --virtual-stages 7 --sp 2 --micro-batch 1 --global-batch 252 {TPX}",
+                183664 / 576, "183,664 tokens/s",
+            ),
+        )
+    ),  # fmt: skip
     # PyTorch FSDP stacks
     *(
         (
