@@ -90,7 +90,7 @@ def main() -> None:
         model_file = tmp / "model.yaml"
         model_file.write_text(yaml.safe_dump(model))
         if args.ranks is None:
-            from toolkit.plan.local import detect
+            from toolkit.host.local import detect
 
             args.ranks = detect().cluster["gpus_per_node"]
         if args.precision is None:  # never bf16 where it is emulated (an AVX2-only CPU: ~75x slower)

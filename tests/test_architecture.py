@@ -1,5 +1,5 @@
-"""The package's shape, checked statically (docs/ARCHITECTURE.md): the pure folders (plan, integrations,
-report, launcher) reach neither the run folders nor a heavy package at any depth — imports inside functions
+"""The package's shape, checked statically (docs/ARCHITECTURE.md): the pure folders (plan, host,
+integrations, report, launcher) reach neither the run folders nor a heavy package at any depth — imports inside functions
 included, the one named exception being `integrations/validate.py`'s lazy DeepSpeed import — no import cycle
 inside `toolkit`, and only entry points at the top level. Each check is a function of a source tree, so the
 tests also show that a planted violation fails. Per-architecture facts have one owner too: the table in
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 TOOLKIT = Path(__file__).resolve().parents[1] / "toolkit"
-PURE = ("plan", "integrations", "report", "launcher")
+PURE = ("plan", "host", "integrations", "report", "launcher")
 RUN = ("run", "parallel", "data", "commands")
 HEAVY = {
     "torch",

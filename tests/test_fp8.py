@@ -22,10 +22,10 @@ from toolkit.plan.cost.fp8 import (
     Linear,
     cast_traffic,
 )
-from toolkit.plan.hardware import gpu_table
 from toolkit.plan.layout import LayoutRequest
 from toolkit.plan.load import load_cluster, load_model
 from toolkit.plan.params import count_params
+from toolkit.plan.presets import gpu_table
 from toolkit.plan.rules import resolve_layout
 from toolkit.report.render import mfu_line
 

@@ -195,7 +195,7 @@ def model_from_args(args: argparse.Namespace) -> Any:
 
 
 def cluster_from_args(args: argparse.Namespace) -> Any:
-    from toolkit.plan.load import load_cluster
+    from toolkit.host.local import load_cluster
 
     cluster = load_cluster(args.cluster, {name: getattr(args, name, None) for name in CLUSTER_OVERRIDES})
     note_local_cluster(args.cluster)
@@ -227,7 +227,7 @@ def note_local_cluster(ref: str | None) -> None:
 
     if ref != LOCAL:
         return
-    from toolkit.plan.local import local_cluster_data
+    from toolkit.host.local import local_cluster_data
 
     _, summary, warnings = local_cluster_data()
     for line in (summary, *warnings):

@@ -1,6 +1,6 @@
 """`dstk calibrate`: measure this machine with N local ranks and write a cluster description (YAML).
 
-The result is cached per host fingerprint (toolkit.plan.hardware: CPU model and flags, cores, GPU model and
+The result is cached per host fingerprint (toolkit.host.calibration_cache: CPU model and flags, cores, GPU model and
 driver, rank count, torch/DeepSpeed versions) under the user's cache directory, where `--cluster local`
 finds it. The probes are sized from a first tiny measurement, so the whole run takes under a minute on a
 host whose bf16 is emulated as on one with native bf16 (DeepSpeed's first-time op build aside).
@@ -66,9 +66,9 @@ def run(args: argparse.Namespace) -> int:
 
     from toolkit.commands import print_json
     from toolkit.errors import UserError
-    from toolkit.plan.hardware import calibration_path
+    from toolkit.host.calibration_cache import calibration_path
+    from toolkit.host.local import detect
     from toolkit.plan.load import build
-    from toolkit.plan.local import detect
     from toolkit.plan.specs import ClusterSpec
 
     if args.ranks is not None and not 1 <= args.ranks <= 1024:
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
             _write(args.output, cached.read_text())
         return 0
 
-    from toolkit.plan.calibration import cluster_description
+    from toolkit.host.calibration import cluster_description
     from toolkit.run.calibrate import measure, storage_gb_per_s
 
     what = host.hardware.get("gpu") or host.hardware.get("cpu")

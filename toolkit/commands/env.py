@@ -54,7 +54,7 @@ def collect() -> dict[str, object]:
         info["torch_threads"] = torch.get_num_threads()
     except ImportError:
         info["accelerator"] = None
-    from toolkit.plan.local import detect
+    from toolkit.host.local import detect
 
     det = detect()
     info["local_cluster"] = {

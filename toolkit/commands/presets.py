@@ -12,7 +12,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from toolkit.plan.load import load_cluster, load_model
+    from toolkit.host.local import load_cluster
+    from toolkit.plan.load import load_model
     from toolkit.plan.params import count_params
     from toolkit.plan.presets import preset_names
 

@@ -12,7 +12,7 @@ from toolkit.plan.specs import ClusterSpec, ModelSpec
 
 def fp8_gpus() -> list[str]:
     """The GPUs of presets/gpus.yaml with FP8 tensor cores (a dense `fp8_tflops`), in table order."""
-    from toolkit.plan.hardware import gpu_table
+    from toolkit.plan.presets import gpu_table
 
     return [name for name, entry in gpu_table().items() if entry.get("fp8_tflops") is not None]
 

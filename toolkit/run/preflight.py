@@ -177,11 +177,12 @@ def prepare_run(args: Any, world: int, cluster: Any = None) -> tuple[Any, list[s
     """`dstk train`'s flags → (a checked TrainRun, notes to say once). Raises a one-line UserError for any
     mistake a rank would otherwise meet; reads and writes nothing but probe files. `cluster`: the one `dstk
     launch` starts the ranks on (default: --cluster, else this machine when the config's world is this one)."""
+    from toolkit.host.local import load_cluster
     from toolkit.integrations.ds_input import read_ds_config, scheduled_steps
     from toolkit.integrations.ds_layout import request_from_config
     from toolkit.integrations.dstk_block import read_dstk_block
     from toolkit.paths import input_dir, input_file, output_dir
-    from toolkit.plan.load import load_cluster, model_from
+    from toolkit.plan.load import model_from
     from toolkit.run.loop_state import LoopOptions, TrainRun
     from toolkit.run.stability import Fault
 

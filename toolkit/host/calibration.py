@@ -7,8 +7,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from toolkit.host.detect import cpu_rank_memory_gib, host_memory_gib
 from toolkit.plan.cost.compute import kernels_per_block
-from toolkit.plan.hardware import cpu_rank_memory_gib, host_memory_gib
 from toolkit.plan.specs import ModelSpec
 
 
