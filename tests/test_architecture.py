@@ -210,9 +210,9 @@ def test_no_module_is_a_room_of_its_own() -> None:
     [
         ("plan/planner.py", "import torch", "toolkit.plan.planner imports torch"),
         (
-            "report/cost.py",
+            "report/charts.py",
             "from toolkit.run import loop",
-            "toolkit.report.cost → toolkit.run.loop (a run folder)",
+            "toolkit.report.charts → toolkit.run.loop (a run folder)",
         ),
         ("plan/specs.py", "from toolkit.plan.layout import Layout", "cycle"),
         ("run/models.py", "x = model.architecture in ('gpt2', 'bloom')", "branch"),

@@ -138,7 +138,7 @@ def add_model_args(parser: argparse.ArgumentParser, required: bool = True) -> No
 def _parameter_count(text: str) -> float:
     """`--params` as 175e9, 7B, 1.3T or 350M (the forms `--tokens` takes)."""
     from toolkit.errors import UserError
-    from toolkit.report.cost import parse_tokens
+    from toolkit.plan.training_cost import parse_tokens
 
     try:
         return parse_tokens(text, "--params")

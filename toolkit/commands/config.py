@@ -223,8 +223,10 @@ def _check_layout(args: argparse.Namespace, model: Any, layout: Any) -> None:
         check_megatron(model, layout)
 
 
-def _layout(args: argparse.Namespace, model: Any, cluster: Any) -> Any:
-    """The layout the flags describe, or with --plan the planner's choice under them as constraints."""
+def _priced_layout(args: argparse.Namespace, model: Any, cluster: Any) -> Any:
+    """The estimate of the layout the flags describe, or with --plan of the planner's choice under them as
+    constraints (priced once: the config and the memory warning both read it)."""
+    from toolkit.plan.cost.estimate import estimate
     from toolkit.plan.rules import resolve_layout
 
     request = layout_request_from_args(args)
@@ -234,7 +236,7 @@ def _layout(args: argparse.Namespace, model: Any, cluster: Any) -> Any:
             from toolkit.errors import UserError
 
             raise UserError("--allow-fp8: the planner weighs fp8; give --plan, or --precision fp8")
-        return resolve_layout(model, cluster, request, scopes)
+        return estimate(model, cluster, resolve_layout(model, cluster, request, scopes))
     from toolkit.plan.planner import nothing_fits_message, plan
     from toolkit.plan.query import PlanQuery
 
@@ -244,12 +246,11 @@ def _layout(args: argparse.Namespace, model: Any, cluster: Any) -> Any:
     result = plan(model, cluster, query)
     if result is None:
         raise nothing_fits_message(model, cluster, query)
-    return result.best.layout
+    return result.best.estimate
 
 
 def run(args: argparse.Namespace) -> int:
     from toolkit.integrations import ds_config
-    from toolkit.plan.cost.estimate import estimate
     from toolkit.plan.load import build
 
     _check_targets(args)
@@ -264,7 +265,8 @@ def run(args: argparse.Namespace) -> int:
         args.fused_kernels = True
     model, cluster = model_from_args(args), cluster_from_args(args)
     _check_inputs(args, model, cluster)
-    layout = _layout(args, model, cluster)
+    predicted = _priced_layout(args, model, cluster)
+    layout = predicted.layout
     _check_layout(args, model, layout)
     options = build(
         ds_config.ConfigOptions,
@@ -272,8 +274,7 @@ def run(args: argparse.Namespace) -> int:
         "config options",
         labels=OPTION_FLAGS,
     )
-    cfg = ds_config.build_ds_config(model, cluster, layout, options)
-    predicted = estimate(model, cluster, layout)
+    cfg = ds_config.build_ds_config(model, cluster, predicted, options)
     if not predicted.fits:
         print(
             f"dstk config: warning: predicted {predicted.memory.total / 2**30:.1f} GiB per GPU exceeds "

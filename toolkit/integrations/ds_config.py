@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from toolkit.integrations.dstk_block import DSTK_KEY, read_dstk_block
 from toolkit.plan import recipes
+from toolkit.plan.cost.estimate import Estimate
 from toolkit.plan.layout import Layout, engine_precision
 from toolkit.plan.params import count_params
 from toolkit.plan.specs import ClusterSpec, ModelSpec
@@ -199,10 +200,14 @@ def _logging_blocks(opts: ConfigOptions) -> dict[str, Any]:
 
 
 def build_ds_config(
-    model: ModelSpec, cluster: ClusterSpec, layout: Layout, opts: ConfigOptions | None = None
+    model: ModelSpec, cluster: ClusterSpec, priced: Estimate, opts: ConfigOptions | None = None
 ) -> dict[str, Any]:
-    """The complete DeepSpeed config for `layout` (see module docstring for the DeepSpeed facts used)."""
+    """The complete DeepSpeed config for the layout `priced` describes (see the module docstring for the
+    DeepSpeed facts used). It takes the estimate its caller already made, not the bare layout: the checkpoint
+    interval in the `dstk` block comes from the predicted step time, and pricing a layout twice per command
+    was the cost model's only second run."""
     opts = opts or ConfigOptions()
+    layout = priced.layout
     batch_ranks = layout.tp  # AutoTP peers count in DeepSpeed's batch check (module docstring)
     cfg: dict[str, Any] = {
         "train_batch_size": layout.global_batch_size * batch_ranks,
@@ -215,9 +220,7 @@ def build_ds_config(
         **_optimizer_blocks(model, cluster, layout, opts),
         **_logging_blocks(opts),
     }
-    from toolkit.plan.cost.estimate import estimate
-
-    ckpt = estimate(model, cluster, layout).checkpoint_plan()
+    ckpt = priced.checkpoint_plan()
     cfg[DSTK_KEY] = {
         "model": model.name,
         "layout": layout.model_dump(),

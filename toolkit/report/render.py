@@ -165,7 +165,8 @@ def write_plan_report(path: Path, model: Any, cluster: Any, plan: Any, data: dic
     """A Markdown report of a plan: the layout, its memory and time, the reasons and the alternatives; with
     `data["training"]` the cost of the token budget, with `data["scaling"]` the scaling table; and two PNGs
     beside it (per-GPU memory by component of the chosen and runner-up layouts, scaling), linked from it."""
-    from toolkit.report.cost import ScalingRow, runner_ups, write_charts
+    from toolkit.plan.scaling import ScalingRow
+    from toolkit.report.charts import runner_ups, write_charts
 
     est = plan.best.estimate
     t = est.time
@@ -231,7 +232,7 @@ def write_plan_report(path: Path, model: Any, cluster: Any, plan: Any, data: dic
 
 
 def training_lines(tr: dict[str, Any]) -> list[str]:
-    """The "Training cost" section (see toolkit.report.cost for the arithmetic and its sources)."""
+    """The "Training cost" section (see toolkit.plan.training_cost for the arithmetic and its sources)."""
     how = (
         f"training compute / (GPUs · peak · MFU) with MFU {tr['mfu']:.1%} (`--mfu`)"
         if tr["time_source"] == "mfu"
