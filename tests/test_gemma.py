@@ -117,7 +117,7 @@ def test_what_gemma_cannot_do_is_one_line() -> None:
     assert len(pp.err.strip().splitlines()) == 1
     meg = dstk("config", "--model", "gemma-3-1b", "--cluster", "h200", "--megatron", "-o", "/dev/null")
     assert meg.code == 2 and "embeddings scaled by √h" in meg.err, meg.err
-    from toolkit.plan.grow import plan_growth
+    from toolkit.plan.growth_map import plan_growth
 
     small = load_model("tiny-gemma3")
     with pytest.raises(UserError, match="grow in depth only"):

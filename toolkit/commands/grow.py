@@ -1,5 +1,5 @@
 """`dstk grow`: grow a trained model in depth and/or width (toolkit.run.grow), print the re-plan for the grown model
-(toolkit.plan.growth.replan), or run a train → grow → train schedule (toolkit.plan.growth.run_schedule)."""
+(toolkit.plan.progressive.replan), or run a train → grow → train schedule (toolkit.plan.progressive.run_schedule)."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(
                 f"--schedule: the schedule names the models and directories; drop {', '.join(given)}"
             )
-        from toolkit.plan.growth import load_schedule, run_schedule
+        from toolkit.plan.progressive import load_schedule, run_schedule
 
         run_schedule(load_schedule(args.schedule), dry_run=args.dry_run)
         return 0
@@ -105,14 +105,15 @@ def run(args: argparse.Namespace) -> int:
     return _grow(args)
 
 
-def _grow(args: argparse.Namespace) -> int:
-    from toolkit.commands import CLUSTER_OVERRIDES, cluster_from_args, layout_request_from_args
+def _checked(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
+    """(target, --from-model, cluster, query), every input checked before any weights are read: a typo
+    costs milliseconds, not a half-written --out."""
+    from toolkit.commands import cluster_from_args, layout_request_from_args
     from toolkit.errors import UserError
-    from toolkit.plan.growth import replan
+    from toolkit.paths import input_dir, output_dir
     from toolkit.plan.load import load_model
     from toolkit.plan.query import PlanQuery
 
-    # before any weights are read: a typo costs milliseconds, not a half-written --out
     if args.tokenizer is not None:
         from toolkit.data.tokenizer import check_tokenizer_dir
 
@@ -120,34 +121,44 @@ def _grow(args: argparse.Namespace) -> int:
     target = load_model(args.to)
     from_model = load_model(args.from_model) if args.from_model else None
     args.cluster = args.cluster or "cpu"
-    cluster = cluster_from_args(args)  # before the (slow) growth: a typo fails in milliseconds
+    cluster = cluster_from_args(args)
     query = PlanQuery.pinning(layout_request_from_args(args))
-    from toolkit.paths import input_dir, output_dir
-
     output_dir(args.out, "--out")
     if args.out.exists() and any(args.out.iterdir()):
         raise UserError(f"--out: {args.out} exists and is not empty")
     if args.data is not None:
         input_dir(args.data, "--data", "the folder dstk data prepare wrote")
+    return target, from_model, cluster, query
 
+
+def _grow(args: argparse.Namespace) -> int:
+    from toolkit.commands import CLUSTER_OVERRIDES
+    from toolkit.plan.progressive import replan
     from toolkit.run.grow import grow
 
+    target, from_model, cluster, query = _checked(args)
     result = grow(
-        args.source,
-        target,
-        args.out,
-        from_model=from_model,
-        tag=args.tag,
-        depth_method=args.depth_method,
-        new_blocks=args.new_blocks,
-        width_noise=args.width_noise,
-        seed=args.seed,
-        data=args.data,
-        eval_rows=args.eval_rows,
-        tokenizer=args.tokenizer,
-    )
-    g, c = result.growth, result.check
+        args.source, target, args.out, from_model=from_model, tag=args.tag, depth_method=args.depth_method,
+        new_blocks=args.new_blocks, width_noise=args.width_noise, seed=args.seed, data=args.data,
+        eval_rows=args.eval_rows, tokenizer=args.tokenizer,
+    )  # fmt: skip
+    _say(result, args)
     query = _at_the_trained_batch(query, Path(result.source))
+    overrides = [
+        f"--{name.replace('_', '-')} {getattr(args, name)}"
+        for name in CLUSTER_OVERRIDES
+        if getattr(args, name, None) is not None
+    ]
+    cluster_ref = " ".join([args.cluster, *overrides])
+    g = result.growth
+    for line in replan(g.parent, g.target, cluster, query, grown_ref=args.to, cluster_ref=cluster_ref):
+        print(line)
+    return 0
+
+
+def _say(result: Any, args: argparse.Namespace) -> None:
+    """What was grown, the check that the function is preserved, and the next command."""
+    g, c = result.growth, result.check
     p, t = g.parent, g.target
     print(
         f"grew {result.source}: {p.n_layers} layers × h={p.hidden_size} → {t.n_layers} layers × h={t.hidden_size}"
@@ -160,15 +171,6 @@ def _grow(args: argparse.Namespace) -> int:
         f"|Δ| {c['abs_diff']:.2e}, max |Δ logit| {c['max_logit_diff']:.2e} ({kept})"
     )
     print(f"wrote {args.out} (continue with: dstk train --model {args.to} --init-from {args.out} ...)")
-    overrides = [
-        f"--{name.replace('_', '-')} {getattr(args, name)}"
-        for name in CLUSTER_OVERRIDES
-        if getattr(args, name, None) is not None
-    ]
-    cluster_ref = " ".join([args.cluster, *overrides])
-    for line in replan(p, t, cluster, query, grown_ref=args.to, cluster_ref=cluster_ref):
-        print(line)
-    return 0
 
 
 def _at_the_trained_batch(query: Any, source: Path) -> Any:
