@@ -1,13 +1,11 @@
 """The charts of `dstk plan --report` (memory per GPU of the plan and its runner-ups; planned throughput over
 node counts) and the choice of runner-ups they show. Rendering only: every figure comes from the plan, its
-scaling rows (toolkit.plan.scaling) and its alternatives; matplotlib is imported only to draw the PNGs."""
+scaling rows (toolkit.plan.scaling, as the plan document holds them) and its alternatives; matplotlib is imported only to draw the PNGs."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
-
-from toolkit.plan.scaling import ScalingRow
 
 
 def runner_ups(plan: Any, limit: int = 3) -> list[Any]:
@@ -26,7 +24,7 @@ def runner_ups(plan: Any, limit: int = 3) -> list[Any]:
 
 def write_charts(
     report: Path, bars: list[tuple[str, dict[str, float]]], usable_bytes: float, capacity_bytes: float,
-    rows: list[ScalingRow],
+    rows: list[dict[str, Any]],
 ) -> dict[str, Path]:  # fmt: skip
     """`REPORT_memory.png` (stacked per-GPU memory of each layout) and `REPORT_scaling.png`, beside the report."""
     import matplotlib
@@ -50,17 +48,20 @@ def write_charts(
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)
     fig.savefig(paths["memory"], dpi=120, bbox_inches="tight", metadata={"Software": None})
     plt.close(fig)
-    fitting = [r for r in rows if r.tokens_per_s]
+    fitting = [r for r in rows if r["tokens_per_s"]]
     if fitting:
         paths["scaling"] = report.with_name(f"{report.stem}_scaling.png")
         fig, ax = plt.subplots(figsize=(7, 4))
-        gpus = [r.gpus for r in fitting]
-        ax.plot(gpus, [r.tokens_per_s for r in fitting], "o-", label="planned")
-        ideal = fitting[0].tokens_per_s / fitting[0].gpus  # type: ignore[operator]
+        gpus = [r["gpus"] for r in fitting]
+        ax.plot(gpus, [r["tokens_per_s"] for r in fitting], "o-", label="planned")
+        ideal = fitting[0]["tokens_per_s"] / fitting[0]["gpus"]
         ax.plot(gpus, [ideal * g for g in gpus], ":", color="gray", label="linear from the smallest")
         for r in fitting:
             ax.annotate(
-                f"{r.efficiency:.0%}", (r.gpus, r.tokens_per_s), textcoords="offset points", xytext=(4, -12)
+                f"{r['efficiency']:.0%}",
+                (r["gpus"], r["tokens_per_s"]),
+                textcoords="offset points",
+                xytext=(4, -12),
             )
         ax.set_xscale("log", base=2)
         ax.set_xticks(gpus, [f"{g:,}" for g in gpus])

@@ -165,7 +165,6 @@ def write_plan_report(path: Path, model: Any, cluster: Any, plan: Any, data: dic
     """A Markdown report of a plan: the layout, its memory and time, the reasons and the alternatives; with
     `data["training"]` the cost of the token budget, with `data["scaling"]` the scaling table; and two PNGs
     beside it (per-GPU memory by component of the chosen and runner-up layouts, scaling), linked from it."""
-    from toolkit.plan.scaling import ScalingRow
     from toolkit.report.charts import runner_ups, write_charts
 
     est = plan.best.estimate
@@ -208,7 +207,7 @@ def write_plan_report(path: Path, model: Any, cluster: Any, plan: Any, data: dic
     bars += [(a.layout.describe(short=True), memory_parts(a.estimate)) for a in runner_ups(plan)]
     rows = data.get("scaling", [])
     path.parent.mkdir(parents=True, exist_ok=True)
-    charts = write_charts(path, bars, plan.usable_bytes, est.capacity_bytes, [ScalingRow(**r) for r in rows])
+    charts = write_charts(path, bars, plan.usable_bytes, est.capacity_bytes, rows)
     lines += [
         "",
         "## Memory per GPU by component (GiB)",
