@@ -188,6 +188,25 @@ def add_layout_args(parser: argparse.ArgumentParser) -> None:
         )
 
 
+def add_option_fields(group: Any, model: Any, metavars: dict[str, str] | None = None) -> None:
+    """One flag per field of a typed option model (`--width-noise` for `width_noise`): type, choices, default
+    and help come from the field, so the flags and the model that checks them cannot drift apart."""
+    from pydantic_core import PydanticUndefined
+
+    for name, field in model.model_fields.items():
+        kind, choices = _choices(field.annotation)
+        default = None if field.default is PydanticUndefined else field.default
+        metavar = (metavars or {}).get(name)
+        group.add_argument(
+            f"--{name.replace('_', '-')}",
+            type=kind,
+            choices=choices,
+            default=default,
+            metavar=metavar,
+            help=_help(field.description),
+        )
+
+
 def model_from_args(args: argparse.Namespace) -> Any:
     from toolkit.plan.load import model_from
 

@@ -27,8 +27,6 @@ from toolkit.commands import (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from toolkit.integrations.ds_config import ConfigOptions
-
     add_model_args(parser)
     add_cluster_args(parser)
     add_layout_args(parser)
@@ -47,6 +45,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="let the planner choose the layout; layout flags become constraints",
     )
     add_allow_fp8_arg(parser)
+    _add_target_args(parser)
+    parser.add_argument(
+        "--no-validate",
+        dest="validate",
+        action="store_false",
+        help="skip the check with DeepSpeed's own config classes",
+    )
+    _add_option_args(parser)
+
+
+def _add_target_args(parser: argparse.ArgumentParser) -> None:
     targets = parser.add_argument_group("runtime the config is for (default: dstk train)")
     targets.add_argument(
         "--hf-trainer",
@@ -65,12 +74,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Megatron-DeepSpeed: print the pretrain_gpt.py arguments; FILE is the config they name "
         "(implies --target megatron)",
     )
-    parser.add_argument(
-        "--no-validate",
-        dest="validate",
-        action="store_false",
-        help="skip the check with DeepSpeed's own config classes",
-    )
+
+
+def _add_option_args(parser: argparse.ArgumentParser) -> None:
+    """The ConfigOptions fields, one flag each (OPTION_FLAGS names them)."""
+    from toolkit.integrations.ds_config import ConfigOptions
+
     group = parser.add_argument_group("training options written into the config")
     for name, flag in OPTION_FLAGS.items():
         field = ConfigOptions.model_fields[name]

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from toolkit.commands import add_cluster_args, add_layout_args
+from toolkit.commands import add_cluster_args, add_layout_args, add_option_fields
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,28 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the checkpoint's model description (default: inferred from its weights' shapes and --to)",
     )
     parser.add_argument("--tag", metavar="TAG", help="checkpoint to grow (default: the newest complete one)")
-    parser.add_argument(
-        "--depth-method",
-        choices=("stack", "interleave"),
-        default="stack",
-        help="new block j copies parent block j mod L (stack) or floor(j·L/L') (interleave) (stack)",
-    )
-    parser.add_argument(
-        "--new-blocks",
-        choices=("zero-out", "copy"),
-        default="zero-out",
-        help="zero-out: zero the new blocks' output projections, so each is the identity and the grown model "
-        "computes the parent's function; copy: plain copies (zero-out)",
-    )
-    parser.add_argument(
-        "--width-noise",
-        type=float,
-        default=0.5,
-        metavar="F",
-        help="spread of the random split of a replicated unit's outgoing weights; 0 splits evenly, which "
-        "keeps the copies identical forever (0.5)",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the width split and the check batch (0)")
+    from toolkit.plan.growth_map import GrowthOptions
+
+    add_option_fields(parser, GrowthOptions, {"width_noise": "F"})
     parser.add_argument(
         "--data", type=Path, metavar="DIR", help="check parent vs grown loss on this dstk data prepare output's "
         "validation split (default: random tokens)"

@@ -12,6 +12,7 @@ from toolkit.commands import (
     add_cluster_args,
     add_layout_args,
     add_model_args,
+    add_option_fields,
     add_target_arg,
     cluster_from_args,
     job_flags,
@@ -42,30 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="F",
         help="fraction of GPU memory kept free (default 0.10)",
     )
+    from toolkit.plan.training_cost import CostRequest
+
     cost = parser.add_argument_group("training cost (with --tokens)")
-    cost.add_argument(
-        "--tokens",
-        metavar="N",
-        help="training tokens (300e9, 3e11, 300B, 1.5T): adds time to train, GPU-hours, energy and cost",
-    )
-    cost.add_argument(
-        "--price-per-gpu-hour",
-        type=float,
-        metavar="X",
-        help="price of one GPU-hour, for the cost (any currency)",
-    )
-    cost.add_argument(
-        "--mfu",
-        metavar="M",
-        help="take the time from this model FLOPs utilisation (0.45 or 45%%), in the convention of the plan's "
-        "own MFU: (6·N + 12·L·H·Q·T)·D / (GPUs · peak · MFU), instead of from the plan's predicted tokens/s",
-    )
-    cost.add_argument(
-        "--pue",
-        type=float,
-        metavar="P",
-        help="datacenter power usage effectiveness for the energy (default 1.1, Patterson et al. 2021)",
-    )
+    add_option_fields(cost, CostRequest, {"tokens": "N", "price_per_gpu_hour": "X", "mfu": "M", "pue": "P"})
     parser.add_argument(
         "--report",
         type=Path,

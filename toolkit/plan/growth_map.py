@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from toolkit.errors import UserError
 from toolkit.plan.specs import ModelSpec
 
@@ -34,6 +36,28 @@ _KEPT = (
     "sliding_window_pattern",
 )
 _WIDTH = ("hidden_size", "n_heads", "n_kv_heads", "ffn_hidden_size")
+
+
+class GrowthOptions(BaseModel):
+    """How a growth is carried out and checked (`dstk grow`'s flags are these fields)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    depth_method: DepthMethod = Field(
+        "stack",
+        description="new block j copies parent block j mod L (stack) or floor(j·L/L') (interleave) (stack)",
+    )
+    new_blocks: NewBlocks = Field(
+        "zero-out",
+        description="zero-out: zero the new blocks' output projections, so each is the identity and the grown "
+        "model computes the parent's function; copy: plain copies (zero-out)",
+    )
+    width_noise: float = Field(
+        0.5,
+        description="spread of the random split of a replicated unit's outgoing weights; 0 splits evenly, which "
+        "keeps the copies identical forever (0.5)",
+    )
+    seed: int = Field(0, description="seed of the width split and the check batch (0)")
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from toolkit.errors import UserError
 
 DEFAULT_PUE = 1.1
@@ -174,3 +176,27 @@ def plan_training_cost(inputs: dict[str, Any], model: Any, cluster: Any, best: A
         **inputs,
     )
     return cost.to_dict()
+
+
+class CostRequest(BaseModel):
+    """What `dstk plan` is asked to cost (its `--tokens`, `--price-per-gpu-hour`, `--mfu` and `--pue`), as
+    written; `cost_inputs` checks and parses it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tokens: str | None = Field(
+        None,
+        description="training tokens (300e9, 3e11, 300B, 1.5T): adds time to train, GPU-hours, energy and cost",
+    )
+    price_per_gpu_hour: float | None = Field(
+        None, description="price of one GPU-hour, for the cost (any currency)"
+    )
+    mfu: str | None = Field(
+        None,
+        description="take the time from this model FLOPs utilisation (0.45 or 45%), in the convention of the "
+        "plan's own MFU: (6·N + 12·L·H·Q·T)·D / (GPUs · peak · MFU), instead of from the plan's predicted tokens/s",
+    )
+    pue: float | None = Field(
+        None,
+        description="datacenter power usage effectiveness for the energy (default 1.1, Patterson et al. 2021)",
+    )

@@ -280,3 +280,18 @@ def scaling_lines(rows: list[dict[str, Any]], global_batch: int, chart: Path | N
                 f"{r['efficiency']:.1%} |"
             )
     return out
+
+
+def field_lines(cluster: dict[str, object], sources: dict[str, str]) -> list[str]:
+    """One line per field, YAML-like (`key: value  # source`): a value of any length (a dict of bandwidths)
+    pushes only its own comment right, never into it; values are padded to the short ones' width."""
+
+    def show(value: object) -> str:
+        if isinstance(value, dict):
+            return "{" + ", ".join(f"{k}: {v}" for k, v in value.items()) + "}"
+        return str(value)
+
+    values = {k: show(v) for k, v in cluster.items()}
+    key_w = max(map(len, values)) + 1
+    value_w = max((len(v) for v in values.values() if len(v) <= 28), default=0)
+    return [f"  {key + ':':<{key_w}} {v:<{value_w}}  # {sources.get(key, '-')}" for key, v in values.items()]
