@@ -142,7 +142,11 @@ class _Search:
         per_rank = self.global_batch // dp
         # every divisor, not only powers of two: a global batch of 504 on 8 ranks (63 per rank) has none
         # but 1, and experts' micro-batch 3 ran faster than anything a power-of-two search can offer
-        micros = q.options("micro_batch_size", _divisors(per_rank))
+        # a pinned micro-batch must divide the per-rank batch too, or the accumulation steps would round down
+        # and the config would say one global batch and train another
+        micros = [m for m in q.options("micro_batch_size", _divisors(per_rank)) if per_rank % m == 0]
+        if not micros:
+            return
         for zero in q.options("zero_stage", [0, 1, 2, 3] if pp == 1 else [0, 1]):
             for off_opt, off_param in _offload_options(zero, c, allow_offload):
                 if q.offload_optimizer not in (None, off_opt) or q.offload_param not in (None, off_param):
@@ -297,6 +301,13 @@ def nothing_fits_message(model: ModelSpec, cluster: ClusterSpec, query: PlanQuer
         )
         return UserError(
             f"no layout of {model.name} meets the rules under these constraints{hint}: {reasons}"
+        )
+    if search.searched == 0 and not search.rule_rejections:
+        micro = f" into micro-batches of {query.micro_batch_size}" if query.micro_batch_size else ""
+        return UserError(
+            f"--global-batch: {search.global_batch} cannot be split{micro} on {cluster.world_size} GPUs: it "
+            "must be micro-batch × accumulation steps × the data-parallel degree of some layout; "
+            f"give a multiple of {cluster.world_size * (query.micro_batch_size or 1)}, or another --micro-batch"
         )
     what = f"{model.name} does not fit on {cluster.nodes} × {cluster.name} ({cluster.world_size} GPUs of {cluster.gpu_memory_gib:g} GiB)"
     nodes = smallest_fitting_nodes(model, cluster, query)
