@@ -740,6 +740,36 @@ LAUNCH = ["launch", "--cluster", "cpu", "--config", f"{BAD}/micro1.json", "--run
 TRAIN = ["--model", TINY, "--steps", "5"]
 # the first hour (#33): each class of mistake a newcomer made, caught before any rank starts or file is written
 CASES += [
+    # a check of the description that a flag failed: named by the flag, not by the preset
+    (
+        "seq-length-beyond-the-positions-named-by-its-flag",
+        ["estimate", "--model", "tiny-gpt2", "--cluster", "cpu", "--seq-length", "100000"],
+        r"^dstk estimate: error: --seq-length: 100000 exceeds max_position_embeddings\(128\)$",
+    ),
+    # batch arithmetic: a pinned micro-batch that splits the global batch on no layout
+    (
+        "plan-micro-batch-that-divides-no-per-rank-batch",
+        ["plan", "--model", "llama-7b", "--cluster", "dgx-h100", "--global-batch", "7", "--micro-batch", "2"],
+        r"^dstk plan: error: --global-batch: 7 cannot be split into micro-batches of 2 on 8 GPUs",
+    ),
+    (
+        "config-plan-micro-batch-that-divides-no-per-rank-batch",
+        [
+            "config",
+            "--plan",
+            "--model",
+            "llama-7b",
+            "--cluster",
+            "dgx-h100",
+            "--global-batch",
+            "7",
+            "--micro-batch",
+            "2",
+            "-o",
+            "{out}",
+        ],
+        r"^dstk config: error: --global-batch: 7 cannot be split",
+    ),
     # help and flags
     (
         "verb-flag-misspelt-named-by-its-verb",

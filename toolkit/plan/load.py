@@ -74,6 +74,11 @@ def describe_errors(
             part = f"{field}: required field missing"
         elif err["type"] == "value_error":
             part = str(err["ctx"]["error"])
+            # a model-level check that names a field the user gave by flag: said with the flag
+            for key, label in (labels or {}).items():
+                if label.startswith("--") and part.startswith(f"{key}:"):
+                    field, part = label, label + part[len(key) :]
+                    break
         else:
             part = f"{field}: {err['msg'].lower()} (got {err.get('input')!r})"
         # a value the user gave by flag is theirs, not the description's: named by the flag alone
