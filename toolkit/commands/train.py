@@ -17,6 +17,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config", type=Path, required=True, metavar="FILE", help="DeepSpeed JSON (dstk config writes one)"
     )
+    _add_run_arguments(parser)
+    _add_checkpoint_arguments(parser)
+    _add_eval_arguments(parser)
+    _add_guard_arguments(parser)
+    _add_batching_arguments(parser)
+    _add_test_faults(parser)
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """What is trained, for how long, from what, and where its records go."""
     parser.add_argument(
         "--data",
         type=Path,
@@ -34,55 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="metrics.jsonl, summary.json and the default data go here",
     )
     parser.add_argument(
-        "--checkpoint-dir", type=Path, metavar="DIR", help="save (and resume) checkpoints here"
-    )
-    parser.add_argument(
-        "--save-every",
-        type=int,
-        metavar="K",
-        help="checkpoint every K steps and at the end (default: the plan's Young/Daly interval)",
-    )
-    parser.add_argument("--keep-last", type=int, default=3, metavar="K", help="complete checkpoints to keep")
-    parser.add_argument(
-        "--async-save",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="copy each checkpoint to host memory and persist it in a background thread while training goes "
-        "on (default: the config's plan; synchronous for a config without one)",
-    )
-    parser.add_argument(
-        "--snapshot-every",
-        type=int,
-        default=None,
-        metavar="K",
-        help="also snapshot the state into shared memory (/dev/shm, this node) every K steps; a restart "
-        "takes the newest of snapshots and checkpoints (default: the config's plan, else 0 = none)",
-    )
-    parser.add_argument(
-        "--resume",
-        default="never",
-        metavar="auto|never|TAG",
-        help="auto: continue from the newest complete checkpoint",
-    )
-    parser.add_argument(
-        "--new-data",
-        action="store_true",
-        help="resume onto other data than the checkpoint was trained on (another --data): the model and "
-        "optimizer continue, the data starts at its first row (without it such a resume is refused)",
-    )
-    parser.add_argument(
         "--init-from", type=Path, metavar="DIR", help="start from a local save_pretrained directory"
-    )
-    parser.add_argument(
-        "--eval-every", type=int, default=0, metavar="N", help="held-out loss and perplexity every N steps"
-    )
-    parser.add_argument(
-        "--eval-rows", type=int, default=64, metavar="N", help="validation sequences per evaluation"
-    )
-    parser.add_argument(
-        "--eval-only",
-        action="store_true",
-        help="evaluate the (resumed or --init-from) model once on the validation split and stop",
     )
     parser.add_argument("--log-every", type=int, default=10, metavar="N", help="log metrics every N steps")
     parser.add_argument("--seed", type=int, default=0, help="seed for weights, data order and dropout")
@@ -99,8 +61,67 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="LoRA fine-tuning with peft, e.g. r=16,alpha=32 (usually with --init-from); the adapters are "
         "saved to RUN_DIR/adapter",
     )
-    _add_guard_arguments(parser)
-    _add_batching_arguments(parser)
+
+
+def _add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where checkpoints go, how often, in which tier, and how a run resumes from them."""
+    group = parser.add_argument_group("checkpoints and resume")
+    group.add_argument(
+        "--checkpoint-dir", type=Path, metavar="DIR", help="save (and resume) checkpoints here"
+    )
+    group.add_argument(
+        "--save-every",
+        type=int,
+        metavar="K",
+        help="checkpoint every K steps and at the end (default: the plan's Young/Daly interval)",
+    )
+    group.add_argument("--keep-last", type=int, default=3, metavar="K", help="complete checkpoints to keep")
+    group.add_argument(
+        "--async-save",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="copy each checkpoint to host memory and persist it in a background thread while training goes "
+        "on (default: the config's plan; synchronous for a config without one)",
+    )
+    group.add_argument(
+        "--snapshot-every",
+        type=int,
+        default=None,
+        metavar="K",
+        help="also snapshot the state into shared memory (/dev/shm, this node) every K steps; a restart "
+        "takes the newest of snapshots and checkpoints (default: the config's plan, else 0 = none)",
+    )
+    group.add_argument(
+        "--resume",
+        default="never",
+        metavar="auto|never|TAG",
+        help="auto: continue from the newest complete checkpoint",
+    )
+    group.add_argument(
+        "--new-data",
+        action="store_true",
+        help="resume onto other data than the checkpoint was trained on (another --data): the model and "
+        "optimizer continue, the data starts at its first row (without it such a resume is refused)",
+    )
+
+
+def _add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("evaluation")
+    group.add_argument(
+        "--eval-every", type=int, default=0, metavar="N", help="held-out loss and perplexity every N steps"
+    )
+    group.add_argument(
+        "--eval-rows", type=int, default=64, metavar="N", help="validation sequences per evaluation"
+    )
+    group.add_argument(
+        "--eval-only",
+        action="store_true",
+        help="evaluate the (resumed or --init-from) model once on the validation split and stop",
+    )
+
+
+def _add_test_faults(parser: argparse.ArgumentParser) -> None:
+    """Faults the test suite injects into real runs (hidden from --help)."""
     parser.add_argument("--fault-after-save-shards", type=int, metavar="STEP", help=argparse.SUPPRESS)
     parser.add_argument("--crash-at-step", type=int, metavar="STEP", help=argparse.SUPPRESS)
     parser.add_argument("--crash-rank", type=int, default=0, metavar="RANK", help=argparse.SUPPRESS)
