@@ -205,6 +205,10 @@ class Driver:
             f"({rate(read, seconds, 'docs')}, {rate(report.bytes_read, seconds, 'B')}); {kept:,} kept after "
             "cleaning, filters and dedup"
         )
+        if job.execution.executor == "slurm":
+            where = sorted({read_json(rank_file(self.dirs["filter"] / "reports", r, ".node.json"))["node"]
+                            for r in range(self.tasks)})  # fmt: skip
+            line += f"; its {self.tasks} tasks ran on {', '.join(where)}"
         bad = [f"--input: {name}: {f.describe(report.text_field)}" for name, f in report.bad_files().items()]
         more = [
             f"--input: and {len(bad) - BAD_FILES_SHOWN} more files with bad input (manifest.json bad_input_files)"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from array import array
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,8 @@ class ShardReader(PipelineStep):
                 entry | {k: getattr(report, k) for k in ("lines", "bytes", "records", "bad", "reason")}
             )
         write_json(rank_file(stage / "reports", rank, ".read.json"), reports)
+        node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        write_json(rank_file(stage / "reports", rank, ".node.json"), {"node": node})
         beat(done, documents, force=True)
 
 
