@@ -88,9 +88,10 @@ def main() -> int:
     args = parser.parse_args()
     import yaml
 
+    from toolkit.host.local import load_cluster
     from toolkit.plan.checkpoint_interval import checkpoint_plan
     from toolkit.plan.layout import Layout
-    from toolkit.plan.load import load_cluster, load_model
+    from toolkit.plan.load import load_model
 
     model = TINY_GPT2 if args.quick else MODEL
     steps = args.steps or (5 if args.quick else 7)

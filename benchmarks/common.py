@@ -37,7 +37,7 @@ def result_path(bench: str, suffix: str) -> Path:
 
 def stamp() -> dict[str, Any]:
     """The command that made a result and the environment it ran in (`dstk env`)."""
-    from toolkit.commands.env import collect
+    from toolkit.run.environment import collect
 
     return {
         "command": stamp_command(),

@@ -90,12 +90,12 @@ def main() -> None:
         model_file = tmp / "model.yaml"
         model_file.write_text(yaml.safe_dump(model))
         if args.ranks is None:
-            from toolkit.plan.local import detect
+            from toolkit.host.local import detect
 
             args.ranks = detect().cluster["gpus_per_node"]
         if args.precision is None:  # never bf16 where it is emulated (an AVX2-only CPU: ~75x slower)
+            from toolkit.host.local import load_cluster
             from toolkit.plan.layout import default_precision
-            from toolkit.plan.load import load_cluster
 
             args.precision = default_precision(load_cluster(args.cluster))
         layout = [

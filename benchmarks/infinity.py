@@ -62,7 +62,7 @@ def _install_libaio() -> None:
 
 def _cluster(tmp: Path) -> Path:
     """The `cpu` preset with this disk as NVMe (the preset says none), as a cluster file."""
-    from toolkit.plan.load import load_cluster
+    from toolkit.host.local import load_cluster
 
     free = shutil.disk_usage(tmp).free / 2**30
     spec = load_cluster("cpu").model_copy(update={"name": "cpu-nvme", "nvme_gib": round(free * 0.5, 1)})

@@ -96,9 +96,10 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
 def predicted_stage_memory(model_file: Path, cluster_file: Path, layout: dict[str, Any]) -> list[float]:
     """Predicted peak bytes on each stage's rank (`dstk estimate` reports only the most loaded stage), so the
     earlier stage's extra in-flight micro-batch shows."""
+    from toolkit.host.local import load_cluster
     from toolkit.plan.cost.estimate import stage_memories
     from toolkit.plan.layout import Layout
-    from toolkit.plan.load import load_cluster, load_model
+    from toolkit.plan.load import load_model
 
     model, cluster = load_model(str(model_file)), load_cluster(str(cluster_file))
     return [m.total for m in stage_memories(model, cluster, Layout.model_validate(layout))]

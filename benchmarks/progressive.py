@@ -13,7 +13,7 @@ Arms (each a `dstk grow --schedule` run, i.e. dstk config --plan → dstk launch
 64 validation rows every `eval_every` steps; `dstk grow` measures the validation loss right before and after
 growing. N counts every parameter (embeddings included), as `ModelSpec.n_params` does. Each segment has its own
 warm-up + cosine schedule (dstk config's), and the grown segment's data order is reseeded (see
-toolkit/plan/growth.py).
+toolkit/plan/progressive.py).
 
 Writes benchmarks/results/progressive[_quick]_<hardware>_<date>.{csv,md,png,json} (or under --out-dir).
 Usage: python benchmarks/progressive.py [--quick] [--steps S] [--small-fraction F] [--out-dir DIR] [--work-dir DIR]
@@ -86,8 +86,8 @@ def rows_of(arm: str, result: dict[str, Any]) -> list[dict[str, Any]]:
 def run_arms(s: dict[str, Any], args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, Any]]:
     import yaml
 
-    from toolkit.plan.growth import Schedule, Stage, run_schedule
     from toolkit.plan.load import load_model
+    from toolkit.plan.progressive import Schedule, Stage, run_schedule
 
     specs = {
         "big": model(s, "big", s["layers"], s["hidden"], s["heads"]),

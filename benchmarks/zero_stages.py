@@ -76,7 +76,7 @@ COLUMNS = [
 
 def accelerator_of(cluster: str) -> str:
     """The accelerator of the cluster the predictions are made for (`cpu`, `cuda`, ...)."""
-    from toolkit.plan.load import load_cluster
+    from toolkit.host.local import load_cluster
 
     return load_cluster(cluster).accelerator
 
@@ -150,7 +150,8 @@ def main() -> int:
         model_file.write_text(yaml.safe_dump(model))
         cluster = cluster_for(t, args.cluster, env)
         data = prepare_data(t, model, 600 if args.quick else 3000)
-        from toolkit.plan.load import load_cluster, load_model
+        from toolkit.host.local import load_cluster
+        from toolkit.plan.load import load_model
 
         n_params = count_params(load_model(str(model_file))).total
         for stage, offload in stages:

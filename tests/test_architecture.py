@@ -1,5 +1,5 @@
-"""The package's shape, checked statically (docs/ARCHITECTURE.md): the pure folders (plan, integrations,
-report, launcher) reach neither the run folders nor a heavy package at any depth — imports inside functions
+"""The package's shape, checked statically (docs/ARCHITECTURE.md): the pure folders (plan, host,
+integrations, report, launcher) reach neither the run folders nor a heavy package at any depth — imports inside functions
 included, the one named exception being `integrations/validate.py`'s lazy DeepSpeed import — no import cycle
 inside `toolkit`, and only entry points at the top level. Each check is a function of a source tree, so the
 tests also show that a planted violation fails. Per-architecture facts have one owner too: the table in
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 TOOLKIT = Path(__file__).resolve().parents[1] / "toolkit"
-PURE = ("plan", "integrations", "report", "launcher")
+PURE = ("plan", "host", "integrations", "report", "launcher")
 RUN = ("run", "parallel", "data", "commands")
 HEAVY = {
     "torch",
@@ -148,6 +148,43 @@ def cycles(root: Path) -> list[list[str]]:
     return found
 
 
+# Where work sits (docs/ARCHITECTURE.md): a verb parses, calls one library function and prints, so it imports
+# neither another verb nor the CLI that lists the verbs — the one exception is `launch`, which parses exactly
+# `dstk train`'s flags (the command it starts on every rank) from train's own `add_arguments`; the planner
+# reads descriptions and never the machine (toolkit/host); rendering never re-plans.
+VERB_IMPORT_EXCEPTIONS = {("toolkit.commands.launch", "toolkit.commands.train")}
+PLANNER_MODULES = {"toolkit.plan.planner", "toolkit.plan.scaling", "toolkit.plan.elastic"}
+
+
+def verb_modules(root: Path) -> set[str]:
+    """The modules that `commands/__init__.py`'s VERBS table registers, read from its source."""
+    tree = ast.parse((root / "commands" / "__init__.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AnnAssign) and ast.unparse(node.target) == "VERBS":
+            table = ast.literal_eval(node.value)
+            return {f"toolkit.commands.{module}" for module, _ in table.values()}
+    raise AssertionError("commands/__init__.py has no VERBS table")
+
+
+def placement_violations(root: Path) -> list[str]:
+    """Imports that put work in the wrong room: verb → verb, verb → toolkit.cli, plan → host (detection),
+    report → the planner."""
+    edges, _ = graph(root)
+    verbs = verb_modules(root)
+    problems = []
+    for mod, targets in sorted(edges.items()):
+        for target in sorted(targets):
+            if mod in verbs and target in verbs and (mod, target) not in VERB_IMPORT_EXCEPTIONS:
+                problems.append(f"{mod} imports the verb {target}")
+            elif mod in verbs and target == "toolkit.cli":
+                problems.append(f"{mod} imports toolkit.cli")
+            elif mod.startswith("toolkit.plan") and target.startswith("toolkit.host"):
+                problems.append(f"{mod} imports {target} (detection)")
+            elif mod.startswith("toolkit.report") and target in PLANNER_MODULES:
+                problems.append(f"{mod} imports {target} (the planner)")
+    return problems
+
+
 ARCHITECTURE_NAME_READERS = {"plan/architectures.py", "plan/hf_config.py"}
 
 
@@ -183,6 +220,10 @@ def test_pure_folders_reach_no_run_folder_and_no_heavy_package() -> None:
     assert boundary_violations(TOOLKIT) == []
 
 
+def test_work_sits_in_its_own_room() -> None:
+    assert placement_violations(TOOLKIT) == []
+
+
 def test_no_import_cycle_inside_toolkit() -> None:
     assert cycles(TOOLKIT) == []
 
@@ -211,12 +252,28 @@ def test_no_module_is_a_room_of_its_own() -> None:
     [
         ("plan/planner.py", "import torch", "toolkit.plan.planner imports torch"),
         (
-            "report/cost.py",
+            "report/charts.py",
             "from toolkit.run import loop",
-            "toolkit.report.cost → toolkit.run.loop (a run folder)",
+            "toolkit.report.charts → toolkit.run.loop (a run folder)",
         ),
         ("plan/specs.py", "from toolkit.plan.layout import Layout", "cycle"),
         ("run/models.py", "x = model.architecture in ('gpt2', 'bloom')", "branch"),
+        (
+            "commands/plan.py",
+            "from toolkit.commands.estimate import run",
+            "imports the verb toolkit.commands.estimate",
+        ),
+        (
+            "commands/launch.py",
+            "from toolkit.cli import build_parser",
+            "toolkit.commands.launch imports toolkit.cli",
+        ),
+        (
+            "plan/planner.py",
+            "from toolkit.host.local import detect",
+            "imports toolkit.host.local (detection)",
+        ),
+        ("report/render.py", "from toolkit.plan.scaling import scaling_rows", "(the planner)"),
     ],
 )
 def test_a_planted_violation_fails_the_checks(tmp_path, module, line, expected) -> None:
@@ -227,6 +284,9 @@ def test_a_planted_violation_fails_the_checks(tmp_path, module, line, expected) 
     target.write_text(target.read_text() + f"\n\ndef _planted() -> None:\n    {line}\n")
     if expected == "cycle":
         assert any("toolkit.plan.specs" in c for c in cycles(tree))
+    elif any(k in expected for k in ("the verb", "imports toolkit.cli", "(detection)", "(the planner)")):
+        assert placement_violations(TOOLKIT) == []
+        assert [p for p in placement_violations(tree) if expected in p] != [], placement_violations(tree)
     elif expected == "branch":
         assert [b.split(":")[0] for b in architecture_branches(tree)] == [module]
     else:

@@ -14,7 +14,8 @@ from tests.cli import REPO, dstk
 from toolkit.errors import UserError
 from toolkit.plan.load import load_cluster, load_model
 from toolkit.plan.query import PlanQuery
-from toolkit.report.cost import parse_tokens, scaling_rows
+from toolkit.plan.scaling import scaling_rows
+from toolkit.plan.training_cost import parse_tokens
 
 GPT3 = ["plan", "--model", "gpt3-175b", "--cluster", "dgx-a100-80g", "--global-batch", "1536"]
 GIB = 2**30

@@ -83,7 +83,7 @@ BASES = {"gpt2": TEST_MODEL, "llama": LLAMA_MODEL}
 
 
 def test_depth_maps_stack_and_interleave() -> None:
-    from toolkit.plan.grow import depth_map
+    from toolkit.plan.growth_map import depth_map
 
     assert depth_map(2, 4, "stack") == [(0, False), (1, False), (0, True), (1, True)]
     assert depth_map(2, 4, "interleave") == [(0, False), (0, True), (1, False), (1, True)]
@@ -222,7 +222,7 @@ def test_grow_rejects_bad_flags_and_sources(tmp_path, parents) -> None:
 
 def test_growth_validation_is_pure_and_names_each_problem() -> None:
     from toolkit.errors import UserError
-    from toolkit.plan.grow import plan_growth
+    from toolkit.plan.growth_map import plan_growth
     from toolkit.plan.load import load_model
     from toolkit.plan.specs import ModelSpec
 
@@ -248,12 +248,12 @@ def test_grow_the_replan_and_the_schedule_import_no_torch() -> None:
     """The validation, the re-plan and the orchestrator are pure (like dstk plan): milliseconds, no torch."""
     code = (
         "import sys\n"
-        "import toolkit.commands.grow, toolkit.plan.grow, toolkit.plan.growth\n"
+        "import toolkit.commands.grow, toolkit.plan.growth_map, toolkit.plan.progressive\n"
         "from toolkit.plan.load import load_model, load_cluster\n"
-        "from toolkit.plan.grow import plan_growth\n"
+        "from toolkit.plan.growth_map import plan_growth\n"
         "p = load_model('llama-7b'); g = p.model_copy(update={'n_layers': 64, 'name': 'grown'})\n"
         "plan_growth(p, g)\n"
-        "print('\\n'.join(toolkit.plan.growth.replan(p, g, load_cluster('dgx-a100-40g'))))\n"
+        "print('\\n'.join(toolkit.plan.progressive.replan(p, g, load_cluster('dgx-a100-40g'))))\n"
         "assert 'torch' not in sys.modules and 'deepspeed' not in sys.modules\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)

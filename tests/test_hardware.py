@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from toolkit.plan.hardware import match_gpu, parse_cpuinfo, parse_nvidia_smi
+from toolkit.host.detect import parse_cpuinfo, parse_nvidia_smi
+from toolkit.host.local import detect
 from toolkit.plan.layout import LayoutRequest, default_precision, precision_reason
-from toolkit.plan.local import detect
+from toolkit.plan.presets import match_gpu
 from toolkit.plan.rules import resolve_layout
 from toolkit.plan.specs import ClusterSpec
 
@@ -57,6 +58,9 @@ def test_recorded_nvidia_smi_gives_the_node(name, count, key, mem, peak, bf16, p
     assert spec.gpu_peak_tflops == pytest.approx(peak) and spec.supports_bf16 is bf16
     # the table's fp32 (CUDA cores), not a fixed ratio of the tensor-core peak: 1/16 on A100, 1/2 on an L4
     assert spec.gpu_fp32_peak_tflops == match_gpu(gpus[0].name)[1]["fp32_tflops"] < spec.gpu_peak_tflops
+    # FP8 where the table has it (Ada, Hopper), with its source; none elsewhere
+    assert spec.gpu_fp8_peak_tflops == match_gpu(gpus[0].name)[1]["fp8_tflops"]
+    assert spec.supports("fp8") is (spec.gpu_fp8_peak_tflops is not None)
     assert default_precision(spec) == precision
     assert not det.warnings and det.sources["gpu_peak_tflops"].startswith(f"table {key}")
 
@@ -196,7 +200,7 @@ def test_plan_on_the_local_cluster_imports_no_torch_and_answers_fast(tmp_path) -
 
 
 def test_local_is_a_cluster_name_everywhere() -> None:
-    from toolkit.plan.load import load_cluster
+    from toolkit.host.local import load_cluster
 
     t = time.process_time()
     cluster = load_cluster("local", {"gpus_per_node": 2})
@@ -244,7 +248,7 @@ def test_hidden_gpus_are_not_planned_for(environ, count) -> None:
     """nvidia-smi lists every GPU of the box whatever CUDA_VISIBLE_DEVICES says; `--cluster local` describes
     what the process may use (found on an H200 node: with CUDA_VISIBLE_DEVICES= the CPU run was planned as
     the H200 and measured ×7.8 slower than predicted)."""
-    from toolkit.plan.hardware import visible_gpus
+    from toolkit.host.detect import visible_gpus
 
     gpus = parse_nvidia_smi((DATA / "nvidia-smi_h100-sxm5-80gb_x8.txt").read_text())
     kept, why = visible_gpus(gpus, environ)
@@ -269,7 +273,7 @@ def test_recorded_calibrations_give_the_precision_and_the_device_memory(name, pr
     """From a measurement to the cluster file: the precision the host computes fastest; on a GPU the
     framework overhead is what the device holds outside torch's pool (context, NCCL), not the host RSS the CPU
     accelerator counts, and host memory bandwidth is a host copy, not the device's."""
-    from toolkit.plan.calibration import cluster_description
+    from toolkit.host.calibration import cluster_description
 
     results = json.loads((CALIBRATIONS / name).read_text())
     spec = ClusterSpec.model_validate(cluster_description(results, "calibrated"))
@@ -287,3 +291,32 @@ def test_recorded_calibrations_give_the_precision_and_the_device_memory(name, pr
         assert gpu["device_outside_gib"] < gpu["engine"]["rss_gib"]
         assert spec.cpu_memory_gb_per_s == pytest.approx(gpu["host_copy_gb_per_s"], abs=0.01)
         assert spec.cpu_memory_gb_per_s < gpu["copy_gb_per_s"] / 5  # HBM copies are not host memory
+
+
+def test_gpu_figures_have_one_source(tmp_path) -> None:
+    """A cluster preset that names its GPU plans with presets/gpus.yaml's figures (the same ones `--cluster
+    local` detects on that GPU), and a description that states one of them beside `gpu:` is refused."""
+    import yaml
+
+    from toolkit.errors import UserError
+    from toolkit.plan.load import load_cluster as load_description
+    from toolkit.plan.presets import PRESET_DIR, cluster_gpu_fields, gpu_table, preset_names
+
+    named = 0
+    for name in preset_names("clusters"):
+        raw = yaml.safe_load((PRESET_DIR / "clusters" / f"{name}.yaml").read_text())
+        if "gpu" not in raw:
+            assert raw["accelerator"] == "cpu", name  # every CUDA preset names its GPU
+            continue
+        named += 1
+        cluster = load_description(name).model_dump()
+        for field, value in cluster_gpu_fields(raw["gpu"], gpu_table()[raw["gpu"]]).items():
+            assert cluster[field] == value, (name, field)
+    assert named == 5
+    clash = tmp_path / "mine.yaml"
+    clash.write_text("name: mine\ngpu: h100-sxm5-80gb\ngpus_per_node: 8\ngpu_peak_tflops: 989\n")
+    with pytest.raises(UserError, match=r"gpu_peak_tflops: given beside gpu: h100-sxm5-80gb"):
+        load_description(str(clash))
+    clash.write_text("name: mine\ngpu: h100\ngpus_per_node: 8\n")
+    with pytest.raises(UserError, match=r"gpu: 'h100' is not in presets/gpus.yaml"):
+        load_description(str(clash))

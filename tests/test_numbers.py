@@ -225,7 +225,7 @@ def test_piped_estimate_keeps_each_record_on_one_line() -> None:
 
 def test_env_fields_never_run_into_their_source() -> None:
     """Catalogue G7: a dict value pushes only its own source comment right."""
-    from toolkit.commands.env import field_lines
+    from toolkit.report.render import field_lines
 
     lines = field_lines(
         {"gpu_memory_gib": 10.59, "collective_bus_gb_per_s": {"all_reduce": 0.812, "all_to_all": 0.959}},

@@ -41,13 +41,15 @@ def scenario(draw):
         "nvme_gib": draw(st.sampled_from([0, 2000])),
     }
     batch = draw(st.one_of(st.none(), st.integers(1, 512)))
-    return model, cluster, batch
+    # a pinned micro-batch that divides no per-rank batch once made a config whose accumulation rounded down
+    micro = draw(st.one_of(st.none(), st.integers(1, 8)))
+    return model, cluster, batch, micro
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenario())
 def test_plan_then_config_is_valid_or_a_clean_error(case) -> None:
-    model, cluster, batch = case
+    model, cluster, batch, micro = case
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         (d / "m.yaml").write_text(yaml.safe_dump(model))
@@ -65,6 +67,8 @@ def test_plan_then_config_is_valid_or_a_clean_error(case) -> None:
         ]
         if batch:
             args += ["--global-batch", str(batch)]
+        if micro:
+            args += ["--micro-batch", str(micro)]
         r = dstk(*args)  # an internal error (e.g. DeepSpeed rejecting the config) raises here
         if r.code == 2:
             assert r.err.count("\n") == 1 and "Traceback" not in r.err and not out.exists()

@@ -138,7 +138,7 @@ def add_model_args(parser: argparse.ArgumentParser, required: bool = True) -> No
 def _parameter_count(text: str) -> float:
     """`--params` as 175e9, 7B, 1.3T or 350M (the forms `--tokens` takes)."""
     from toolkit.errors import UserError
-    from toolkit.report.cost import parse_tokens
+    from toolkit.plan.training_cost import parse_tokens
 
     try:
         return parse_tokens(text, "--params")
@@ -188,6 +188,25 @@ def add_layout_args(parser: argparse.ArgumentParser) -> None:
         )
 
 
+def add_option_fields(group: Any, model: Any, metavars: dict[str, str] | None = None) -> None:
+    """One flag per field of a typed option model (`--width-noise` for `width_noise`): type, choices, default
+    and help come from the field, so the flags and the model that checks them cannot drift apart."""
+    from pydantic_core import PydanticUndefined
+
+    for name, field in model.model_fields.items():
+        kind, choices = _choices(field.annotation)
+        default = None if field.default is PydanticUndefined else field.default
+        metavar = (metavars or {}).get(name)
+        group.add_argument(
+            f"--{name.replace('_', '-')}",
+            type=kind,
+            choices=choices,
+            default=default,
+            metavar=metavar,
+            help=_help(field.description),
+        )
+
+
 def model_from_args(args: argparse.Namespace) -> Any:
     from toolkit.plan.load import model_from
 
@@ -195,7 +214,7 @@ def model_from_args(args: argparse.Namespace) -> Any:
 
 
 def cluster_from_args(args: argparse.Namespace) -> Any:
-    from toolkit.plan.load import load_cluster
+    from toolkit.host.local import load_cluster
 
     cluster = load_cluster(args.cluster, {name: getattr(args, name, None) for name in CLUSTER_OVERRIDES})
     note_local_cluster(args.cluster)
@@ -227,7 +246,7 @@ def note_local_cluster(ref: str | None) -> None:
 
     if ref != LOCAL:
         return
-    from toolkit.plan.local import local_cluster_data
+    from toolkit.host.local import local_cluster_data
 
     _, summary, warnings = local_cluster_data()
     for line in (summary, *warnings):
@@ -252,9 +271,20 @@ def add_target_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_allow_fp8_arg(parser: argparse.ArgumentParser) -> None:
+    from toolkit.plan.query import PlanQuery
+
+    parser.add_argument(
+        "--allow-fp8", action="store_true", help=_help(PlanQuery.model_fields["allow_fp8"].description)
+    )
+
+
 def scopes_from_args(args: argparse.Namespace) -> tuple[str, ...]:
-    """Rule scopes (toolkit.plan.rules.Rule.scope) the target runtime must respect."""
-    return ("layout", "deepspeed") if getattr(args, "target", "deepspeed") == "deepspeed" else ("layout",)
+    """Rule scopes (toolkit.plan.rules.Rule.scope) the target runtime must respect: "runs" is what dstk can run
+    or configure at all (not the Megatron-Core-only knobs `dstk estimate` prices for published runs)."""
+    if getattr(args, "target", "deepspeed") == "deepspeed":
+        return ("layout", "deepspeed", "runs")
+    return ("layout", "megatron", "runs")
 
 
 def print_json(data: Any) -> None:

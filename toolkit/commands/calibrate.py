@@ -1,6 +1,6 @@
 """`dstk calibrate`: measure this machine with N local ranks and write a cluster description (YAML).
 
-The result is cached per host fingerprint (toolkit.plan.hardware: CPU model and flags, cores, GPU model and
+The result is cached per host fingerprint (toolkit.host.calibration_cache: CPU model and flags, cores, GPU model and
 driver, rank count, torch/DeepSpeed versions) under the user's cache directory, where `--cluster local`
 finds it. The probes are sized from a first tiny measurement, so the whole run takes under a minute on a
 host whose bf16 is emulated as on one with native bf16 (DeepSpeed's first-time op build aside).
@@ -12,20 +12,6 @@ import argparse
 import shutil
 import time
 from pathlib import Path
-
-HEADER = """\
-# gpu_peak_tflops / gpu_fp32_peak_tflops: large 16-bit (bf16 on CPU, emulated where the ISA lacks it) and
-# fp32 GEMMs per rank; the probes run in the fastest precision, `precision` below: gpu_matmul_efficiency is
-# training-sized Linear forward + backward over the large GEMM in it, attention_efficiency causal SDPA
-# forward + backward over it; gpu_memory_gb_per_s: elementwise kernels; cpu_memory_gb_per_s: host copies, all
-# ranks together; collective_bus_gb_per_s / collective_latency_us: alpha-beta fits of each collective (bus
-# bandwidth as nccl-tests defines it), intra_node_gb_per_s the all-reduce's; kernel_launch_us: one GPT-2
-# block's host cost per micro-batch over its kernels; step_overhead_ms: the engine's fixed cost per step;
-# optimizer_ns_per_param (CPU): DeepSpeed's optimizer step per updated parameter, ZeRO-0 (replicated) and
-# ZeRO-1/2/3 (partitioned); framework_overhead_gib: on the CPU RSS after imports, process-group set-up and
-# a tiny model's training steps, on a GPU what the device holds outside torch's pool (context, NCCL);
-# storage_gb_per_s: write + fsync + SHA-256 at --checkpoint-path, a save's cost.
-"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,15 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    import yaml
-
-    from toolkit.commands import print_json
+def _check(args: argparse.Namespace) -> None:
+    """Every flag checked before a probe starts (and -o's place, so a measurement is never lost to it)."""
     from toolkit.errors import UserError
-    from toolkit.plan.hardware import calibration_path
-    from toolkit.plan.load import build
-    from toolkit.plan.local import detect
-    from toolkit.plan.specs import ClusterSpec
 
     if args.ranks is not None and not 1 <= args.ranks <= 1024:
         raise UserError(f"--ranks: {args.ranks} must be in 1 .. 1024")
@@ -81,6 +61,14 @@ def run(args: argparse.Namespace) -> int:
         from toolkit.paths import output_file
 
         output_file(args.output, "-o")
+
+
+def run(args: argparse.Namespace) -> int:
+    from toolkit.commands import print_json
+    from toolkit.host.calibration_cache import calibration_path
+    from toolkit.host.local import detect
+
+    _check(args)
     host = detect(ranks=args.ranks, use_cache=False)
     ranks = args.ranks or host.cluster["gpus_per_node"]
     cached = calibration_path(host.fingerprint)
@@ -89,24 +77,17 @@ def run(args: argparse.Namespace) -> int:
         if args.output:
             _write(args.output, cached.read_text())
         return 0
-
-    from toolkit.plan.calibration import cluster_description
+    from toolkit.host.calibration import calibration_file
     from toolkit.run.calibrate import measure, storage_gb_per_s
 
     what = host.hardware.get("gpu") or host.hardware.get("cpu")
     start = time.monotonic()
     print(f"calibrating {what} with {ranks} ranks ...", flush=True)
     results = measure(ranks, str(args.nvme_path) if args.nvme_path else None)
-    desc = cluster_description(results, args.name)
-    desc["storage_gb_per_s"] = round(storage_gb_per_s(args.checkpoint_path), 3)
-    build(ClusterSpec, desc, "calibration")  # what we write must load
+    storage = storage_gb_per_s(args.checkpoint_path)
     took = time.monotonic() - start
-    text = (
-        f"# Written by `dstk calibrate --ranks {ranks}` in {took:.0f} s: measured on this machine, {ranks} ranks "
-        f"at once.\n# Host: {what}; fingerprint "
-        f"{host.fingerprint}; training precision measured fastest: {results[0]['precision']}.\n"
-        + HEADER
-        + yaml.safe_dump(desc, sort_keys=False)
+    text = calibration_file(
+        results, args.name, storage, ranks, took, f"{what}; fingerprint {host.fingerprint}"
     )
     _write(cached, text)
     if args.output:

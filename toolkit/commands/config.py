@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.commands import (
+    add_allow_fp8_arg,
     add_cluster_args,
     add_layout_args,
     add_model_args,
@@ -26,8 +27,6 @@ from toolkit.commands import (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from toolkit.integrations.ds_config import ConfigOptions
-
     add_model_args(parser)
     add_cluster_args(parser)
     add_layout_args(parser)
@@ -45,6 +44,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="let the planner choose the layout; layout flags become constraints",
     )
+    add_allow_fp8_arg(parser)
+    _add_target_args(parser)
+    parser.add_argument(
+        "--no-validate",
+        dest="validate",
+        action="store_false",
+        help="skip the check with DeepSpeed's own config classes",
+    )
+    _add_option_args(parser)
+
+
+def _add_target_args(parser: argparse.ArgumentParser) -> None:
     targets = parser.add_argument_group("runtime the config is for (default: dstk train)")
     targets.add_argument(
         "--hf-trainer",
@@ -63,12 +74,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Megatron-DeepSpeed: print the pretrain_gpt.py arguments; FILE is the config they name "
         "(implies --target megatron)",
     )
-    parser.add_argument(
-        "--no-validate",
-        dest="validate",
-        action="store_false",
-        help="skip the check with DeepSpeed's own config classes",
-    )
+
+
+def _add_option_args(parser: argparse.ArgumentParser) -> None:
+    """The ConfigOptions fields, one flag each (OPTION_FLAGS names them)."""
+    from toolkit.integrations.ds_config import ConfigOptions
+
     group = parser.add_argument_group("training options written into the config")
     for name, flag in OPTION_FLAGS.items():
         field = ConfigOptions.model_fields[name]
@@ -153,6 +164,8 @@ def _write_targets(
             _validate(megatron_cfg, layout, cluster.accelerator, model_parallel=True)
         files[args.output] = ds_config.dumps(megatron_cfg)
         stdout = shlex.join(megatron.megatron_args(model, cluster, layout, cfg, args.output)) + "\n"
+        if layout.precision == "fp8":
+            print(f"note: {megatron.FP8_NOTE}", file=sys.stderr)
     elif args.hf_trainer:
         from toolkit.integrations.hf_trainer import hf_trainer_files
 
@@ -219,29 +232,34 @@ def _check_layout(args: argparse.Namespace, model: Any, layout: Any) -> None:
         check_megatron(model, layout)
 
 
-def _layout(args: argparse.Namespace, model: Any, cluster: Any) -> Any:
-    """The layout the flags describe, or with --plan the planner's choice under them as constraints."""
+def _priced_layout(args: argparse.Namespace, model: Any, cluster: Any) -> Any:
+    """The estimate of the layout the flags describe, or with --plan of the planner's choice under them as
+    constraints (priced once: the config and the memory warning both read it)."""
+    from toolkit.plan.cost.estimate import estimate
     from toolkit.plan.rules import resolve_layout
 
     request = layout_request_from_args(args)
     scopes = scopes_from_args(args)
     if not args.plan:
-        return resolve_layout(model, cluster, request, scopes)
+        if args.allow_fp8:
+            from toolkit.errors import UserError
+
+            raise UserError("--allow-fp8: the planner weighs fp8; give --plan, or --precision fp8")
+        return estimate(model, cluster, resolve_layout(model, cluster, request, scopes))
     from toolkit.plan.planner import nothing_fits_message, plan
     from toolkit.plan.query import PlanQuery
 
-    query = PlanQuery.pinning(request, scopes=scopes)
+    query = PlanQuery.pinning(request, scopes=scopes, allow_fp8=args.allow_fp8)
     if args.hf_trainer or args.accelerate:  # layouts they cannot run are not worth planning
         query = query.model_copy(update={"pp": query.pp or 1, "sp": query.sp or 1})
     result = plan(model, cluster, query)
     if result is None:
         raise nothing_fits_message(model, cluster, query)
-    return result.best.layout
+    return result.best.estimate
 
 
 def run(args: argparse.Namespace) -> int:
     from toolkit.integrations import ds_config
-    from toolkit.plan.cost.estimate import estimate
     from toolkit.plan.load import build
 
     _check_targets(args)
@@ -256,7 +274,8 @@ def run(args: argparse.Namespace) -> int:
         args.fused_kernels = True
     model, cluster = model_from_args(args), cluster_from_args(args)
     _check_inputs(args, model, cluster)
-    layout = _layout(args, model, cluster)
+    predicted = _priced_layout(args, model, cluster)
+    layout = predicted.layout
     _check_layout(args, model, layout)
     options = build(
         ds_config.ConfigOptions,
@@ -264,8 +283,7 @@ def run(args: argparse.Namespace) -> int:
         "config options",
         labels=OPTION_FLAGS,
     )
-    cfg = ds_config.build_ds_config(model, cluster, layout, options)
-    predicted = estimate(model, cluster, layout)
+    cfg = ds_config.build_ds_config(model, cluster, predicted, options)
     if not predicted.fits:
         print(
             f"dstk config: warning: predicted {predicted.memory.total / 2**30:.1f} GiB per GPU exceeds "

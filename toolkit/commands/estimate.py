@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
-from typing import Any
 
 from toolkit.commands import (
     add_cluster_args,
@@ -46,7 +46,11 @@ def run(args: argparse.Namespace) -> int:
     model, cluster = model_from_args(args), cluster_from_args(args)
     request = layout_request_from_args(args)
     if args.config is not None:
-        result = estimate_config(args.config, model, cluster, request, (args.tp, args.pp, args.sp))
+        from toolkit.integrations.ds_layout import estimate_config
+
+        result, notes = estimate_config(args.config, model, cluster, request, (args.tp, args.pp, args.sp))
+        for note in notes:  # what the config left open and the estimate assumed, said once
+            print(f"note: {note}", file=sys.stderr)
     else:
         layout = resolve_layout(model, cluster, request)
         knobs = deepspeed_default_knobs(layout) if args.zero_buckets == "deepspeed" else None
@@ -58,31 +62,3 @@ def run(args: argparse.Namespace) -> int:
 
         print_estimate(result)
     return 0
-
-
-def estimate_config(
-    path: Path, model: Any, cluster: Any, flags: Any, model_parallel: tuple[int | None, ...] = ()
-) -> Any:
-    """The estimate of an existing DeepSpeed config for `model` on `cluster`: the layout it fixes (flags set in
-    `flags` laid over it; `model_parallel` = the TP/PP/SP a Megatron launch sets) with the ZeRO sizes it sets."""
-    import sys
-
-    from toolkit.integrations.ds_input import read_ds_config
-    from toolkit.integrations.ds_layout import ModelParallel, knobs_from_config, request_from_config
-    from toolkit.integrations.dstk_block import read_dstk_block
-    from toolkit.plan.cost.estimate import estimate
-    from toolkit.plan.layout import LayoutRequest
-    from toolkit.plan.rules import resolve_layout
-    from toolkit.plan.zero_knobs import derive_zero_knobs
-
-    cfg = read_ds_config(path)
-    given = flags.model_dump(exclude_unset=True)
-    notes: list[str] = []
-    parallel = ModelParallel.of(cfg, *model_parallel)
-    base = request_from_config(cfg, cluster.world_size, parallel, given=given, notes=notes)
-    for note in notes:  # what the config left open and the estimate assumed, said once
-        print(f"note: {note}", file=sys.stderr)
-    request = LayoutRequest(**{**base.model_dump(exclude_unset=True), **given})
-    layout = resolve_layout(model, cluster, request)
-    ours = derive_zero_knobs(model, layout) if read_dstk_block(cfg).layout is not None else None
-    return estimate(model, cluster, layout, knobs_from_config(cfg, layout, ours))

@@ -1,5 +1,5 @@
 """`dstk grow`: grow a trained model in depth and/or width (toolkit.run.grow), print the re-plan for the grown model
-(toolkit.plan.growth.replan), or run a train → grow → train schedule (toolkit.plan.growth.run_schedule)."""
+(toolkit.plan.progressive.replan), or run a train → grow → train schedule (toolkit.plan.progressive.run_schedule)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from toolkit.commands import add_cluster_args, add_layout_args
+from toolkit.commands import add_cluster_args, add_layout_args, add_option_fields
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,28 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the checkpoint's model description (default: inferred from its weights' shapes and --to)",
     )
     parser.add_argument("--tag", metavar="TAG", help="checkpoint to grow (default: the newest complete one)")
-    parser.add_argument(
-        "--depth-method",
-        choices=("stack", "interleave"),
-        default="stack",
-        help="new block j copies parent block j mod L (stack) or floor(j·L/L') (interleave) (stack)",
-    )
-    parser.add_argument(
-        "--new-blocks",
-        choices=("zero-out", "copy"),
-        default="zero-out",
-        help="zero-out: zero the new blocks' output projections, so each is the identity and the grown model "
-        "computes the parent's function; copy: plain copies (zero-out)",
-    )
-    parser.add_argument(
-        "--width-noise",
-        type=float,
-        default=0.5,
-        metavar="F",
-        help="spread of the random split of a replicated unit's outgoing weights; 0 splits evenly, which "
-        "keeps the copies identical forever (0.5)",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the width split and the check batch (0)")
+    from toolkit.plan.growth_map import GrowthOptions
+
+    add_option_fields(parser, GrowthOptions, {"width_noise": "F"})
     parser.add_argument(
         "--data", type=Path, metavar="DIR", help="check parent vs grown loss on this dstk data prepare output's "
         "validation split (default: random tokens)"
@@ -91,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(
                 f"--schedule: the schedule names the models and directories; drop {', '.join(given)}"
             )
-        from toolkit.plan.growth import load_schedule, run_schedule
+        from toolkit.plan.progressive import load_schedule, run_schedule
 
         run_schedule(load_schedule(args.schedule), dry_run=args.dry_run)
         return 0
@@ -105,14 +86,15 @@ def run(args: argparse.Namespace) -> int:
     return _grow(args)
 
 
-def _grow(args: argparse.Namespace) -> int:
-    from toolkit.commands import CLUSTER_OVERRIDES, cluster_from_args, layout_request_from_args
+def _checked(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
+    """(target, --from-model, cluster, query), every input checked before any weights are read: a typo
+    costs milliseconds, not a half-written --out."""
+    from toolkit.commands import cluster_from_args, layout_request_from_args
     from toolkit.errors import UserError
-    from toolkit.plan.growth import replan
+    from toolkit.paths import input_dir, output_dir
     from toolkit.plan.load import load_model
     from toolkit.plan.query import PlanQuery
 
-    # before any weights are read: a typo costs milliseconds, not a half-written --out
     if args.tokenizer is not None:
         from toolkit.data.tokenizer import check_tokenizer_dir
 
@@ -120,34 +102,44 @@ def _grow(args: argparse.Namespace) -> int:
     target = load_model(args.to)
     from_model = load_model(args.from_model) if args.from_model else None
     args.cluster = args.cluster or "cpu"
-    cluster = cluster_from_args(args)  # before the (slow) growth: a typo fails in milliseconds
+    cluster = cluster_from_args(args)
     query = PlanQuery.pinning(layout_request_from_args(args))
-    from toolkit.paths import input_dir, output_dir
-
     output_dir(args.out, "--out")
     if args.out.exists() and any(args.out.iterdir()):
         raise UserError(f"--out: {args.out} exists and is not empty")
     if args.data is not None:
         input_dir(args.data, "--data", "the folder dstk data prepare wrote")
+    return target, from_model, cluster, query
 
+
+def _grow(args: argparse.Namespace) -> int:
+    from toolkit.commands import CLUSTER_OVERRIDES
+    from toolkit.plan.progressive import replan
     from toolkit.run.grow import grow
 
+    target, from_model, cluster, query = _checked(args)
     result = grow(
-        args.source,
-        target,
-        args.out,
-        from_model=from_model,
-        tag=args.tag,
-        depth_method=args.depth_method,
-        new_blocks=args.new_blocks,
-        width_noise=args.width_noise,
-        seed=args.seed,
-        data=args.data,
-        eval_rows=args.eval_rows,
-        tokenizer=args.tokenizer,
-    )
-    g, c = result.growth, result.check
+        args.source, target, args.out, from_model=from_model, tag=args.tag, depth_method=args.depth_method,
+        new_blocks=args.new_blocks, width_noise=args.width_noise, seed=args.seed, data=args.data,
+        eval_rows=args.eval_rows, tokenizer=args.tokenizer,
+    )  # fmt: skip
+    _say(result, args)
     query = _at_the_trained_batch(query, Path(result.source))
+    overrides = [
+        f"--{name.replace('_', '-')} {getattr(args, name)}"
+        for name in CLUSTER_OVERRIDES
+        if getattr(args, name, None) is not None
+    ]
+    cluster_ref = " ".join([args.cluster, *overrides])
+    g = result.growth
+    for line in replan(g.parent, g.target, cluster, query, grown_ref=args.to, cluster_ref=cluster_ref):
+        print(line)
+    return 0
+
+
+def _say(result: Any, args: argparse.Namespace) -> None:
+    """What was grown, the check that the function is preserved, and the next command."""
+    g, c = result.growth, result.check
     p, t = g.parent, g.target
     print(
         f"grew {result.source}: {p.n_layers} layers × h={p.hidden_size} → {t.n_layers} layers × h={t.hidden_size}"
@@ -160,15 +152,6 @@ def _grow(args: argparse.Namespace) -> int:
         f"|Δ| {c['abs_diff']:.2e}, max |Δ logit| {c['max_logit_diff']:.2e} ({kept})"
     )
     print(f"wrote {args.out} (continue with: dstk train --model {args.to} --init-from {args.out} ...)")
-    overrides = [
-        f"--{name.replace('_', '-')} {getattr(args, name)}"
-        for name in CLUSTER_OVERRIDES
-        if getattr(args, name, None) is not None
-    ]
-    cluster_ref = " ".join([args.cluster, *overrides])
-    for line in replan(p, t, cluster, query, grown_ref=args.to, cluster_ref=cluster_ref):
-        print(line)
-    return 0
 
 
 def _at_the_trained_batch(query: Any, source: Path) -> Any:

@@ -136,7 +136,7 @@ def _preflight(path: Path, cluster: Any, train_args: list[str]) -> list[str]:
     from toolkit.run.preflight import prepare_run
 
     train = train_parser().parse_args([*train_args, "--config", str(path)])
-    _, notes = prepare_run(train, cluster.world_size)
+    _, notes = prepare_run(train, cluster.world_size, cluster)
     cfg = read_ds_config(path)
     verdict = validate_config(cfg, cluster.world_size, cluster.accelerator)
     if verdict.problems:

@@ -24,7 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from toolkit.integrations.dstk_block import DSTK_KEY, read_dstk_block
 from toolkit.plan import recipes
-from toolkit.plan.layout import Layout
+from toolkit.plan.cost.estimate import Estimate
+from toolkit.plan.layout import Layout, engine_precision
 from toolkit.plan.params import count_params
 from toolkit.plan.specs import ClusterSpec, ModelSpec
 from toolkit.plan.zero_knobs import OPTIMIZER_SWAP_BUFFERS, PARAM_SWAP_BUFFERS, derive_zero_knobs
@@ -67,9 +68,13 @@ class ConfigOptions(BaseModel):
 
 
 def _precision_block(layout: Layout) -> dict[str, Any]:
-    if layout.precision == "bf16":
+    """The engine's 16-bit block. fp8 trains in bf16 (DeepSpeed's JSON has no FP8 key): the FP8 GEMMs are the
+    linear layers' own (torchao.float8 in dstk train, Transformer Engine under Megatron), and the `dstk` block's
+    layout says fp8."""
+    precision = engine_precision(layout.precision)
+    if precision == "bf16":
         return {"bf16": {"enabled": True}}
-    if layout.precision == "fp16":
+    if precision == "fp16":
         return {
             "fp16": {
                 "enabled": True,
@@ -195,10 +200,14 @@ def _logging_blocks(opts: ConfigOptions) -> dict[str, Any]:
 
 
 def build_ds_config(
-    model: ModelSpec, cluster: ClusterSpec, layout: Layout, opts: ConfigOptions | None = None
+    model: ModelSpec, cluster: ClusterSpec, priced: Estimate, opts: ConfigOptions | None = None
 ) -> dict[str, Any]:
-    """The complete DeepSpeed config for `layout` (see module docstring for the DeepSpeed facts used)."""
+    """The complete DeepSpeed config for the layout `priced` describes (see the module docstring for the
+    DeepSpeed facts used). It takes the estimate its caller already made, not the bare layout: the checkpoint
+    interval in the `dstk` block comes from the predicted step time, and pricing a layout twice per command
+    was the cost model's only second run."""
     opts = opts or ConfigOptions()
+    layout = priced.layout
     batch_ranks = layout.tp  # AutoTP peers count in DeepSpeed's batch check (module docstring)
     cfg: dict[str, Any] = {
         "train_batch_size": layout.global_batch_size * batch_ranks,
@@ -211,9 +220,7 @@ def build_ds_config(
         **_optimizer_blocks(model, cluster, layout, opts),
         **_logging_blocks(opts),
     }
-    from toolkit.plan.cost.estimate import estimate
-
-    ckpt = estimate(model, cluster, layout).checkpoint_plan()
+    ckpt = priced.checkpoint_plan()
     cfg[DSTK_KEY] = {
         "model": model.name,
         "layout": layout.model_dump(),

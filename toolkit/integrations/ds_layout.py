@@ -4,7 +4,7 @@ DeepSpeed derives whichever of `train_batch_size`, `train_micro_batch_size_per_g
 `gradient_accumulation_steps` a config leaves out (runtime/config.py `_set_batch_related_parameters`) and then
 asserts `train_batch_size == micro × accumulation × data-parallel ranks`. `resolve_batch` does the same for
 every combination, naming the fields and a value that works when it fails; `dstk validate`, `dstk train
---config` and `dstk estimate --config` all go through it, so they agree with DeepSpeed and with each other.
+--config` and `dstk estimate --config` (`estimate_config`) all go through it, so they agree with DeepSpeed and with each other.
 Standard library and the plan half only.
 """
 
@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from toolkit.errors import UserError
 from toolkit.integrations.ds_auto import AUTO, RunFacts, fill_auto, set_path
@@ -20,7 +21,11 @@ from toolkit.integrations.ds_input import integral, type_problems
 from toolkit.integrations.dstk_block import read_dstk_block
 from toolkit.integrations.targets import get_path
 from toolkit.plan.layout import Layout, LayoutRequest, data_parallel_size
+from toolkit.plan.specs import ClusterSpec, ModelSpec
 from toolkit.plan.zero_knobs import ZeroKnobs, deepspeed_default_knobs
+
+if TYPE_CHECKING:
+    from toolkit.plan.cost.estimate import Estimate
 
 
 @dataclass(frozen=True)
@@ -299,3 +304,29 @@ def knobs_from_config(
         ok = isinstance(value, bool) if isinstance(fallback, bool) else integral(value) and value >= 0
         values[name] = (bool(value) if isinstance(fallback, bool) else int(value)) if ok else fallback
     return ZeroKnobs(**values)
+
+
+def estimate_config(
+    path: Path,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    flags: LayoutRequest,
+    model_parallel: tuple[int | None, ...] = (),
+) -> tuple[Estimate, list[str]]:
+    """The estimate of an existing DeepSpeed config for `model` on `cluster`: the layout it fixes (flags set in
+    `flags` laid over it; `model_parallel` = the TP/PP/SP a Megatron launch sets) with the ZeRO sizes it sets;
+    and the notes on what the config left open and the estimate assumed, for the caller to say once."""
+    from toolkit.integrations.ds_input import read_ds_config
+    from toolkit.plan.cost.estimate import estimate
+    from toolkit.plan.rules import resolve_layout
+    from toolkit.plan.zero_knobs import derive_zero_knobs
+
+    cfg = read_ds_config(path)
+    given = flags.model_dump(exclude_unset=True)
+    notes: list[str] = []
+    parallel = ModelParallel.of(cfg, *model_parallel)
+    base = request_from_config(cfg, cluster.world_size, parallel, given=given, notes=notes)
+    request = LayoutRequest(**{**base.model_dump(exclude_unset=True), **given})
+    layout = resolve_layout(model, cluster, request)
+    ours = derive_zero_knobs(model, layout) if read_dstk_block(cfg).layout is not None else None
+    return estimate(model, cluster, layout, knobs_from_config(cfg, layout, ours)), notes

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -73,6 +74,11 @@ def describe_errors(
             part = f"{field}: required field missing"
         elif err["type"] == "value_error":
             part = str(err["ctx"]["error"])
+            # a model-level check that names a field the user gave by flag: said with the flag
+            for key, label in (labels or {}).items():
+                if label.startswith("--") and part.startswith(f"{key}:"):
+                    field, part = label, label + part[len(key) :]
+                    break
         else:
             part = f"{field}: {err['msg'].lower()} (got {err.get('input')!r})"
         # a value the user gave by flag is theirs, not the description's: named by the flag alone
@@ -91,18 +97,19 @@ def build(cls: type[M], data: dict[str, Any], source: str, labels: dict[str, str
 
 
 LOCAL = "local"
-"""The cluster name that means "detect this machine" (toolkit.plan.local), usable wherever a preset is."""
+"""The cluster name that means "detect this machine", usable wherever a preset is. The planner reads
+descriptions only: detection is toolkit.host.local's, whose `load_cluster` hands the detected description here."""
 
 
-def _resolve(kind: str, ref: str) -> tuple[dict[str, Any], str]:
+def _resolve(kind: str, ref: str, detected: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], str]:
     if kind == "clusters" and ref == LOCAL:
-        from toolkit.plan.local import local_cluster_data
-
-        data, _, _ = local_cluster_data()
-        return dict(data), "cluster local (detected)"
+        if detected is None:
+            raise ValueError("--cluster local is detected by toolkit.host.local.load_cluster, not here")
+        return dict(detected), "cluster local (detected)"
     path = preset_path(kind, ref)
     if path is not None:
-        return read_mapping(path), f"preset {ref}"
+        data = read_mapping(path)
+        return (with_gpu_figures(data, f"preset {ref}") if kind == "clusters" else data), f"preset {ref}"
     what = "model" if kind == "models" else "cluster"
     candidate = Path(ref).expanduser()
     if kind == "models" and candidate.is_dir() and (candidate / "config.json").is_file():
@@ -113,7 +120,7 @@ def _resolve(kind: str, ref: str) -> tuple[dict[str, Any], str]:
         except UserError as exc:
             raise UserError(f"--{what}: {exc}") from None
         _not_a_deepspeed_config(data, candidate, what)
-        return data, str(candidate)
+        return (with_gpu_figures(data, str(candidate)) if kind == "clusters" else data), str(candidate)
     names = preset_names(kind) + ([LOCAL] if kind == "clusters" else [])
     folded = {n.lower(): n for n in names}
     close = (
@@ -168,9 +175,34 @@ def model_from(ref: str | None, params: float | None, seq_length: int | None = N
     return load_model(ref, {"seq_length": seq_length})
 
 
-def load_cluster(ref: str, overrides: dict[str, Any] | None = None) -> ClusterSpec:
-    """A cluster from a preset name or a YAML/JSON file, with field overrides such as `nodes`."""
-    data, source = _resolve("clusters", ref)
+def with_gpu_figures(data: dict[str, Any], source: str) -> dict[str, Any]:
+    """A cluster description that names its GPU (`gpu: h100-sxm5-80gb`, a key of presets/gpus.yaml) gets the
+    per-GPU figures from that table, the one place they are kept; stating one of them beside `gpu:` as well is
+    refused, so the two can never disagree again."""
+    if "gpu" not in data:
+        return data
+    from toolkit.plan.presets import cluster_gpu_fields, gpu_table
+
+    data = dict(data)
+    key = data.pop("gpu")
+    table = gpu_table()
+    if key not in table:
+        raise UserError(f"{source}: gpu: {key!r} is not in presets/gpus.yaml; known: {', '.join(table)}")
+    figures = cluster_gpu_fields(key, table[key])
+    both = sorted(set(figures) & set(data))
+    if both:
+        raise UserError(
+            f"{source}: {', '.join(both)}: given beside gpu: {key} (the table's figures); drop one of them"
+        )
+    return {**figures, **data}
+
+
+def load_cluster(
+    ref: str, overrides: dict[str, Any] | None = None, detected: Mapping[str, Any] | None = None
+) -> ClusterSpec:
+    """A cluster from a preset name or a YAML/JSON file, with field overrides such as `nodes`; `detected` is
+    this machine's description when `ref` is `local` (toolkit.host.local.load_cluster passes it)."""
+    data, source = _resolve("clusters", ref, detected)
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     if "nodes" in given and "hostnames" in data and "hostnames" not in given:
         data.pop("hostnames")  # a preset's host list no longer applies once the node count changes

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from toolkit.plan.layout import engine_precision
 from toolkit.plan.params import count_params
 from toolkit.plan.units import GIB, UNITS_NOTE, format_bytes, format_count
 
@@ -25,6 +26,7 @@ def memory_labels(precision: str | None = None) -> dict[str, str]:
     """What each part of `Memory.parts()` (the JSON's `memory_per_gpu_bytes`) is, for people."""
     return {
         "params": f"params ({precision + ' ' if precision else ''}working copy)",
+        "fp8_weight_copies": "FP8 weight copies (Transformer Engine)",
         "gradients": "gradients",
         "optimizer_states": "optimizer states (fp32 master, moments)",
         "activations": "activations",
@@ -76,9 +78,14 @@ def mfu_line(est: Estimate) -> str:
     """Throughput in one sentence: model TFLOP/s per GPU and the MFU they make of the precision's peak, and the
     TFLOP/s executed with recomputation (never fewer)."""
     peak = est.peak_flops / 1e12
+    fp8 = (
+        " (its linear layers' GEMMs; attention, norms and LM head run at bf16's)"
+        if est.layout.fp8_recipe
+        else ""
+    )
     return (
         f"{est.tokens_per_s:,.0f} tokens/s; MFU {est.mfu:.1%} = {est.tflops_per_gpu:,.4g} TFLOP/s per GPU of "
-        f"model FLOPs / {est.layout.precision} peak {peak:,.4g} TFLOP/s; {est.hardware_tflops_per_gpu:,.4g} "
+        f"model FLOPs / {est.layout.precision} peak {peak:,.4g} TFLOP/s{fp8}; {est.hardware_tflops_per_gpu:,.4g} "
         "TFLOP/s executed (recomputation included)"
     )
 
@@ -99,10 +106,11 @@ def print_estimate(est: Estimate, title: str | None = None) -> None:
     mem = Table(title=f"Memory per GPU (most loaded pipeline stage; peak in {phase})", show_header=True)
     mem.add_column("part")
     mem.add_column("size", justify="right")
-    labels = memory_labels(est.layout.precision)
+    labels = memory_labels(engine_precision(est.layout.precision))
     parts = m.parts()
     for key, value in parts.items():
-        mem.add_row(labels[key], format_bytes(value))
+        if key != "fp8_weight_copies" or value:  # a row of zeros for every layout that is not fp8: noise
+            mem.add_row(labels[key], format_bytes(value))
     mem.add_section()
     mem.add_row("total", format_bytes(sum(parts.values())))
     mem.add_row("capacity", format_bytes(est.capacity_bytes))
@@ -157,7 +165,7 @@ def write_plan_report(path: Path, model: Any, cluster: Any, plan: Any, data: dic
     """A Markdown report of a plan: the layout, its memory and time, the reasons and the alternatives; with
     `data["training"]` the cost of the token budget, with `data["scaling"]` the scaling table; and two PNGs
     beside it (per-GPU memory by component of the chosen and runner-up layouts, scaling), linked from it."""
-    from toolkit.report.cost import ScalingRow, runner_ups, write_charts
+    from toolkit.report.charts import runner_ups, write_charts
 
     est = plan.best.estimate
     t = est.time
@@ -199,7 +207,7 @@ def write_plan_report(path: Path, model: Any, cluster: Any, plan: Any, data: dic
     bars += [(a.layout.describe(short=True), memory_parts(a.estimate)) for a in runner_ups(plan)]
     rows = data.get("scaling", [])
     path.parent.mkdir(parents=True, exist_ok=True)
-    charts = write_charts(path, bars, plan.usable_bytes, est.capacity_bytes, [ScalingRow(**r) for r in rows])
+    charts = write_charts(path, bars, plan.usable_bytes, est.capacity_bytes, rows)
     lines += [
         "",
         "## Memory per GPU by component (GiB)",
@@ -223,7 +231,7 @@ def write_plan_report(path: Path, model: Any, cluster: Any, plan: Any, data: dic
 
 
 def training_lines(tr: dict[str, Any]) -> list[str]:
-    """The "Training cost" section (see toolkit.report.cost for the arithmetic and its sources)."""
+    """The "Training cost" section (see toolkit.plan.training_cost for the arithmetic and its sources)."""
     how = (
         f"training compute / (GPUs · peak · MFU) with MFU {tr['mfu']:.1%} (`--mfu`)"
         if tr["time_source"] == "mfu"
@@ -272,3 +280,18 @@ def scaling_lines(rows: list[dict[str, Any]], global_batch: int, chart: Path | N
                 f"{r['efficiency']:.1%} |"
             )
     return out
+
+
+def field_lines(cluster: dict[str, object], sources: dict[str, str]) -> list[str]:
+    """One line per field, YAML-like (`key: value  # source`): a value of any length (a dict of bandwidths)
+    pushes only its own comment right, never into it; values are padded to the short ones' width."""
+
+    def show(value: object) -> str:
+        if isinstance(value, dict):
+            return "{" + ", ".join(f"{k}: {v}" for k, v in value.items()) + "}"
+        return str(value)
+
+    values = {k: show(v) for k, v in cluster.items()}
+    key_w = max(map(len, values)) + 1
+    value_w = max((len(v) for v in values.values() if len(v) <= 28), default=0)
+    return [f"  {key + ':':<{key_w}} {v:<{value_w}}  # {sources.get(key, '-')}" for key, v in values.items()]

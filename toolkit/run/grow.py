@@ -19,7 +19,7 @@ variance), which is why only integer factors are exact. A tied LM head both prod
 would keep the copies identical forever (equal gradients); dstk splits each weight at random (fractions drawn
 with spread `width_noise`, normalised to sum to one), which keeps the function and breaks the symmetry.
 
-The validation half, which runs before anything is loaded, is toolkit.plan.grow.
+The validation half, which runs before anything is loaded, is toolkit.plan.growth_map.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.errors import UserError
-from toolkit.plan.grow import (
+from toolkit.plan.growth_map import (
     RECORD,
     DepthMethod,
     Growth,

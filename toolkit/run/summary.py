@@ -126,7 +126,7 @@ def reality_check(summary: dict[str, Any], cluster: Any, layout: Layout) -> list
             "after `dstk calibrate`"
         )
     else:
-        from toolkit.plan.local import detect
+        from toolkit.host.local import detect
 
         if detect(ranks=cluster.gpus_per_node).calibration is None:
             causes.append("--cluster local is not calibrated on this host: run `dstk calibrate`")

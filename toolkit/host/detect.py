@@ -19,21 +19,12 @@ Every field says where it came from (`Detection.sources`); what could not be kno
 
 from __future__ import annotations
 
-import hashlib
-import os
 import re
 import shutil
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import cache
-from importlib import metadata
 from pathlib import Path
-from typing import Any
-
-import yaml
-
-from toolkit.plan.presets import PRESET_DIR
 
 GIB = 2**30
 
@@ -232,22 +223,6 @@ def _parse_smi_table(text: str) -> list[GpuInfo]:
     return gpus
 
 
-@cache
-def gpu_table() -> dict[str, dict[str, Any]]:
-    """Published per-GPU figures (presets/gpus.yaml), in match order."""
-    return yaml.safe_load((PRESET_DIR / "gpus.yaml").read_text())
-
-
-def match_gpu(name: str) -> tuple[str, dict[str, Any]] | None:
-    """The table entry whose `match` substring occurs in the nvidia-smi name (first wins), or None."""
-    for key, entry in gpu_table().items():
-        for m in entry.get("match", []):
-            # whole words: "NVIDIA L4" must not claim an L40, nor "NVIDIA A10" an A10G
-            if re.search(rf"{re.escape(m)}(?![A-Za-z0-9])", name, re.IGNORECASE):
-                return key, entry
-    return None
-
-
 # ---------------------------------------------------------------------------------------------- the host
 
 
@@ -333,44 +308,6 @@ def disk_free(path: Path, root: Path) -> tuple[float | None, bool]:
         if len(parts) >= 2 and resolved.startswith(parts[1]) and len(parts[1]) > best:
             device, best = parts[0], len(parts[1])
     return free, "nvme" in device
-
-
-def package_versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for pkg in ("torch", "deepspeed"):
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            out[pkg] = None
-    return out
-
-
-def fingerprint(cpu: CpuInfo, gpus: list[GpuInfo], ranks: int, versions: dict[str, str | None]) -> str:
-    """A short hash of what decides the measured figures: CPU model, ISA flags and cores; GPU models and
-    driver; the rank count calibrated; torch and DeepSpeed versions."""
-    isa = sorted(f for f in cpu.flags if re.match(r"(avx|amx|fma|sse4)", f))
-    parts = [
-        cpu.model,
-        ",".join(isa),
-        str(cpu.logical_cpus),
-        ";".join(f"{g.name}/{g.memory_mib}/{g.driver}" for g in gpus),
-        f"ranks={ranks}",
-        f"torch={versions.get('torch')}",
-        f"deepspeed={versions.get('deepspeed')}",
-    ]
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
-
-
-def cache_dir() -> Path:
-    """Where calibrations are cached: $DSTK_CACHE_DIR, else $XDG_CACHE_HOME/dstk, else ~/.cache/dstk."""
-    if os.environ.get("DSTK_CACHE_DIR"):
-        return Path(os.environ["DSTK_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "dstk"
-
-
-def calibration_path(fp: str) -> Path:
-    return cache_dir() / "calibration" / f"{fp}.yaml"
 
 
 def default_cpu_ranks(cpu: CpuInfo, numa_nodes: int) -> int:

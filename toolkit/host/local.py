@@ -1,4 +1,4 @@
-"""`--cluster local`: this machine as a one-node cluster description, from what `toolkit.plan.hardware` reads
+"""`--cluster local`: this machine as a one-node cluster description, from what `toolkit.host.detect` reads
 (nvidia-smi, /proc/cpuinfo, /proc/meminfo, the GPU table) and, when `dstk calibrate` ran on this host, its
 cached measurement. Every field says where it came from; what could not be known is listed, not guessed."""
 
@@ -14,28 +14,25 @@ from typing import Any
 
 import yaml
 
-from toolkit.plan.hardware import (
+from toolkit.host.calibration_cache import calibration_path, fingerprint, package_versions
+from toolkit.host.detect import (
     EMULATED_BF16_SLOWDOWN,
     GIB,
     CpuInfo,
     GpuInfo,
-    calibration_path,
     cpu_rank_memory_gib,
     default_cpu_ranks,
     disk_free,
-    fingerprint,
-    match_gpu,
     meminfo_gib,
     numa_nodes,
     onednn_isa_cap,
-    package_versions,
     parse_cpuinfo,
     parse_nvidia_smi,
     read_text,
     run_nvidia_smi,
     visible_gpus,
 )
-from toolkit.plan.presets import PRESET_DIR
+from toolkit.plan.presets import PRESET_DIR, cluster_gpu_fields, match_gpu
 
 # Defaults for the CPU accelerator's host-side figures that only a measurement knows (eager-op cost, gloo
 # bandwidth, engine overheads): the `cpu` preset is a calibration of a 2-core host of this machine kind.
@@ -161,22 +158,22 @@ def _gpu_cluster(gpus: list[GpuInfo], det: Detection) -> None:
         return
     key, e = found
     native = bool(e.get("bf16_native")) and e.get("bf16_tflops") is not None
-    peak = e["bf16_tflops"] if native else e["fp16_tflops"]
     src = e.get("source", "presets/gpus.yaml")
     link = e.get("nvlink_gb_per_s") or None
     # what NCCL's ring achieves (nccl-tests bus bandwidth) is ~78 % of the link rate: A100 NVLink 232 of
     # 300 GB/s, H100 ~370 of 450 (nccl issues #812/#1576, as in the cluster presets); PCIe likewise
     intra = 0.78 * (link or e.get("pcie_gb_per_s") or 16)
+    # the table's figures as the cluster presets that name this GPU get them; memory is nvidia-smi's, above
+    figures = {k: v for k, v in cluster_gpu_fields(key, e).items() if k != "gpu_memory_gib"}
     det.cluster.update(
-        gpu_peak_tflops=float(peak),
-        gpu_fp32_peak_tflops=float(e["fp32_tflops"]),
+        {k: v if k == "gpu_sm_count" else float(v) for k, v in figures.items()},
         supports_bf16=native,
         supports_fp16=True,
-        gpu_memory_gb_per_s=float(e["memory_gb_per_s"]),
         intra_node_gb_per_s=round(intra, 1),
         pcie_gb_per_s=round(0.78 * (e.get("pcie_gb_per_s") or 32), 1),
-        gpu_power_w=float(e.get("tdp_w") or 400),
     )
+    if "gpu_fp8_peak_tflops" in figures:
+        det.sources["gpu_fp8_peak_tflops"] = f"table {key}: {src}"
     det.cluster.setdefault("gpu_memory_gib", round(0.99 * e["memory_gib"] * 1e9 / GIB, 1))
     for k in (
         "gpu_peak_tflops",
@@ -190,9 +187,7 @@ def _gpu_cluster(gpus: list[GpuInfo], det: Detection) -> None:
     det.sources["intra_node_gb_per_s"] = (
         f"table {key}: {'NVLink' if link else 'PCIe'} {link or e.get('pcie_gb_per_s')} GB/s × 0.78 (NCCL ring)"
     )
-    if e.get("sm_count"):
-        det.cluster["gpu_sm_count"] = int(e["sm_count"])
-        det.sources["gpu_sm_count"] = f"table {key}: {src}"
+    det.sources["gpu_sm_count"] = f"table {key}: {src}"
 
 
 def detect(
@@ -285,3 +280,13 @@ def local_cluster_data() -> tuple[dict[str, Any], str, tuple[str, ...]]:
     """This process's detection of its own host (once): cluster fields, summary line, warnings."""
     det = detect()
     return dict(det.cluster), det.summary(), tuple(det.warnings)
+
+
+def load_cluster(ref: str, overrides: dict[str, Any] | None = None) -> Any:
+    """The cluster a user names: `local` is this machine, detected here; any other name a preset or a file,
+    read by toolkit.plan.load (which never detects: the planner reads descriptions)."""
+    from toolkit.plan.load import LOCAL
+    from toolkit.plan.load import load_cluster as load_description
+
+    detected = local_cluster_data()[0] if ref == LOCAL else None
+    return load_description(ref, overrides, detected)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from toolkit.host.detect import cpu_rank_memory_gib, host_memory_gib
 from toolkit.plan.cost.compute import kernels_per_block
-from toolkit.plan.hardware import cpu_rank_memory_gib, host_memory_gib
 from toolkit.plan.specs import ModelSpec
 
 
@@ -94,3 +94,39 @@ def cluster_description(results: list[dict[str, Any]], name: str) -> dict[str, A
     if results[0].get("nvme_gb_per_s"):
         desc["nvme_gb_per_s"] = round(results[0]["nvme_gb_per_s"], 2)
     return desc
+
+
+FIELD_NOTES = """\
+# gpu_peak_tflops / gpu_fp32_peak_tflops: large 16-bit (bf16 on CPU, emulated where the ISA lacks it) and
+# fp32 GEMMs per rank; the probes run in the fastest precision, `precision` below: gpu_matmul_efficiency is
+# training-sized Linear forward + backward over the large GEMM in it, attention_efficiency causal SDPA
+# forward + backward over it; gpu_memory_gb_per_s: elementwise kernels; cpu_memory_gb_per_s: host copies, all
+# ranks together; collective_bus_gb_per_s / collective_latency_us: alpha-beta fits of each collective (bus
+# bandwidth as nccl-tests defines it), intra_node_gb_per_s the all-reduce's; kernel_launch_us: one GPT-2
+# block's host cost per micro-batch over its kernels; step_overhead_ms: the engine's fixed cost per step;
+# optimizer_ns_per_param (CPU): DeepSpeed's optimizer step per updated parameter, ZeRO-0 (replicated) and
+# ZeRO-1/2/3 (partitioned); framework_overhead_gib: on the CPU RSS after imports, process-group set-up and
+# a tiny model's training steps, on a GPU what the device holds outside torch's pool (context, NCCL);
+# storage_gb_per_s: write + fsync + SHA-256 at --checkpoint-path, a save's cost.
+"""
+
+
+def calibration_file(
+    results: list[dict[str, Any]], name: str, storage_gb_per_s: float, ranks: int, took_s: float, host: str
+) -> str:
+    """The cluster description YAML `dstk calibrate` writes (and caches): where and how it was measured, what
+    each field is, then the fields; checked to load as a ClusterSpec before anything is written."""
+    import yaml
+
+    from toolkit.plan.load import build
+    from toolkit.plan.specs import ClusterSpec
+
+    desc = cluster_description(results, name)
+    desc["storage_gb_per_s"] = round(storage_gb_per_s, 3)
+    build(ClusterSpec, desc, "calibration")  # what we write must load
+    return (
+        f"# Written by `dstk calibrate --ranks {ranks}` in {took_s:.0f} s: measured on this machine, {ranks} ranks "
+        f"at once.\n# Host: {host}; training precision measured fastest: {results[0]['precision']}.\n"
+        + FIELD_NOTES
+        + yaml.safe_dump(desc, sort_keys=False)
+    )
