@@ -605,6 +605,9 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="10 MB and 40 MB")
     parser.add_argument("--sizes-mb", type=float, nargs="+", help="corpus sizes (default 50 200)")
     parser.add_argument(
+        "--repeat", type=int, default=1, help="runs of each case, the fastest kept (default 1)"
+    )
+    parser.add_argument(
         "--workdir", type=Path, help="where corpora and outputs go (default: a temporary dir)"
     )
     args = parser.parse_args()
