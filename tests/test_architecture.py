@@ -27,6 +27,7 @@ HEAVY = {
     "tokenizers",
     "accelerate",
     "datasketch",
+    "datatrove",
 }
 # module -> heavy packages it may import lazily: DeepSpeed's own config classes judge a config (they import torch,
 # and DeepSpeed accepts torch.optim names), so validation is the one pure module that loads them, inside functions

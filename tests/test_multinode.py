@@ -257,3 +257,30 @@ def test_sbatch_script_trains_on_two_nodes_and_resumes_when_resubmitted_after_sc
     summary = json.loads((run_dir / "train" / "summary.json").read_text())
     assert summary["losses"] == pytest.approx(zero_runs[2].summary["losses"], rel=1e-6, abs=1e-6)
     assert not list(tmp_path.rglob("canary")) and not list(REPO.glob("canary"))
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_data_prepare_on_two_slurm_nodes_writes_the_one_node_dataset(tmp_path, bed):
+    """`dstk data prepare --executor slurm`: datatrove's SlurmPipelineExecutor submits a job array per stage
+    (chained with afterok), the filter and tokenize tasks run on node1 and node2, and the dataset (Arrow rows,
+    Megatron files, tokenizer, manifest) is byte for byte the one two local workers write from other shards."""
+    from toolkit.data.corpus import write_corpus
+
+    write_corpus(tmp_path / "raw", docs_per_domain=150, seed=0)
+    common = ["data", "prepare", "--input", str(tmp_path / "raw"), "--train-tokenizer", "300", "--seq-length",
+              "64", "--format", "both", "--validation-fraction", "0.05"]  # fmt: skip
+    one = bed.run(*dstk_cmd(*common, "--out", str(tmp_path / "one"), "--workers", "2", "--tasks", "3"))
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = bed.run(
+        *dstk_cmd(
+            *common, "--out", str(tmp_path / "two"), "--executor", "slurm", "--tasks", "4",
+            "--slurm-partition", "debug", "--slurm-mem-per-cpu", "200M", "--slurm-time", "10",
+        )
+    )  # fmt: skip
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "its 4 tasks ran on node1, node2" in two.stderr
+    assert _tree(tmp_path / "two") == _tree(tmp_path / "one")
+    assert not (tmp_path / "two" / ".dstk-work").exists()

@@ -27,18 +27,26 @@ def _option_models() -> tuple[Any, ...]:
     return QualityFilter, DedupOptions
 
 
+METAVARS = {"slurm_partition": "P", "slurm_time": "D-H:M:S", "slurm_mem_per_cpu": "MEM", "slurm_qos": "Q"}
+READING = ("text_field", "domain_field")
+
+
 def _flag(name: str) -> str:
     return f"--{name.replace('_', '-')}"
 
 
 def _field_help(field: Any) -> str | None:
-    """A pydantic field's docstring with its default, as argparse help (a literal % escaped)."""
-    return _help(f"{field.description.rstrip('.')} (default: {field.default})")
+    """A pydantic field's docstring with its default (one that is None is said by the docstring), as argparse
+    help (a literal % escaped)."""
+    default = "" if field.default is None else f" (default: {field.default})"
+    return _help(f"{field.description.rstrip('.')}{default}")
 
 
-def _add_model_flags(group: Any, model: Any, exclude: tuple[str, ...] = ()) -> None:
+def _add_model_flags(
+    group: Any, model: Any, exclude: tuple[str, ...] = (), only: tuple[str, ...] = ()
+) -> None:
     for name, field in model.model_fields.items():
-        if name in exclude:
+        if name in exclude or (only and name not in only):
             continue
         kind, choices = _choices(field.annotation)
         group.add_argument(
@@ -46,13 +54,13 @@ def _add_model_flags(group: Any, model: Any, exclude: tuple[str, ...] = ()) -> N
             dest=name,
             type=kind,
             choices=choices,
-            metavar=None if choices else ("N" if kind is int else "X"),
+            metavar=None if choices else METAVARS.get(name, "N" if kind is int else "X"),
             help=_field_help(field),
         )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from toolkit.data.options import PrepareOptions
+    from toolkit.data.options import ExecutionOptions, PrepareOptions
 
     # not required=True: argparse would say only "required: ACTION"; run() lists the actions instead
     sub = parser.add_subparsers(dest="data_verb", metavar="ACTION", parser_class=OneLineParser)
@@ -75,14 +83,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         required=True,
         metavar="PATH",
-        help="JSONL or text files, or directories of them; the domain is a line's `domain` field, else the file stem",
+        help="JSONL (.jsonl, .jsonl.gz, .jsonl.zst), text (a document per line, compressed or not), Parquet "
+        "files, HF datasets folders (save_to_disk), directories or quoted globs of them; the domain is a "
+        "record's --domain-field, else the file stem",
     )
     prep.add_argument(
         "--out",
         type=Path,
         required=True,
         metavar="DIR",
-        help="output directory (train/, validation/, tokenizer/, manifest.json); not inside an --input directory",
+        help="output directory (train/, validation/, megatron/, tokenizer/, manifest.json); not inside an "
+        "--input directory",
     )
     prep.add_argument(
         "--overwrite",
@@ -121,6 +132,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="share of documents held out, chosen by a hash of their text (default: 0.02)",
     )
     fields = PrepareOptions.model_fields
+    _add_model_flags(prep, PrepareOptions, only=(*READING, "format"))
     prep.add_argument("--max-shard-mb", type=int, metavar="MB", help=_field_help(fields["max_shard_mb"]))
     prep.add_argument(
         "--tokenizer-sample-mb", type=float, metavar="MB", help=_field_help(fields["tokenizer_sample_mb"])
@@ -150,6 +162,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="T",
         help="without --mix: weights ∝ tokens^(1/T) (XLM/mT5 temperature sampling; default: 1, natural shares)",
     )
+    _add_model_flags(prep.add_argument_group("processes and nodes (datatrove executors)"), ExecutionOptions)
 
 
 def prepare_options(args: argparse.Namespace) -> Any:
@@ -182,9 +195,24 @@ def prepare_options(args: argparse.Namespace) -> Any:
         "max_shard_mb": args.max_shard_mb,
         "tokenizer_sample_mb": args.tokenizer_sample_mb,
         "packing": getattr(args, "packing", None),
+        **{n: getattr(args, n, None) for n in (*READING, "format")},
     }
-    labels = {n: _flag(n) for n in ("temperature", "max_shard_mb", "tokenizer_sample_mb")}
+    labels = {n: _flag(n) for n in ("temperature", "max_shard_mb", "tokenizer_sample_mb", *READING, "format")}
     return build(PrepareOptions, {k: v for k, v in given.items() if v is not None}, SOURCE, labels=labels)
+
+
+def execution_options(args: argparse.Namespace) -> Any:
+    """The ExecutionOptions the flags ask for; SLURM flags only with --executor slurm."""
+    from toolkit.data.options import ExecutionOptions
+    from toolkit.errors import UserError
+    from toolkit.plan.load import build
+
+    fields = ExecutionOptions.model_fields
+    given = {n: getattr(args, n) for n in fields if getattr(args, n, None) is not None}
+    if given.get("executor", "local") != "slurm":
+        for name in (n for n in given if n.startswith("slurm_")):
+            raise UserError(f"{_flag(name)}: only with --executor slurm")
+    return build(ExecutionOptions, given, SOURCE, labels={n: _flag(n) for n in fields})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -213,6 +241,7 @@ def run(args: argparse.Namespace) -> int:
         options=prepare_options(args),
         overwrite=args.overwrite,
         progress=Console(),
+        execution=execution_options(args),
     )
     dropped = ", ".join(f"{n} {reason}" for reason, n in manifest["dropped"].items() if n) or "none"
     kept = sum(manifest["documents"].values())
@@ -223,9 +252,15 @@ def run(args: argparse.Namespace) -> int:
     )
     bad = sum(manifest["bad_input"].values())
     unusable = f"; {bad} unusable input lines or files (manifest.json bad_input_files)" if bad else ""
+    rows = manifest["rows"]
+    wrote = [f"{rows['train']} training and {rows['validation']} validation sequences {size}"] if rows else []
+    if "megatron" in manifest:
+        docs = manifest["megatron"]["documents"]
+        wrote.append(
+            f"Megatron files of {docs['train']} training and {docs['validation']} validation documents"
+        )
     print(
-        f"wrote {args.out}: {manifest['rows']['train']} training and {manifest['rows']['validation']} validation "
-        f"sequences {size}, vocabulary {manifest['vocab_size']}; "
+        f"wrote {args.out}: {' and '.join(wrote)}, vocabulary {manifest['vocab_size']}; "
         f"{kept} of {manifest['stages'][0]['in']} documents kept (dropped: {dropped}){unusable}"
     )
     return 0

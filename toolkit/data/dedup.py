@@ -1,33 +1,32 @@
-"""Exact and near-duplicate removal, streaming, with an index of a few dozen bytes per document.
+"""Exact and near-duplicate removal in one process, streaming, with an index of a few dozen bytes per document.
 
 Exact: a 64-bit BLAKE2b hash of the cleaned text; a document whose hash was seen before is dropped.
 
-Near: MinHash signatures (datasketch `MinHash.bulk`, the affine32 permutation scheme) over the set of word
+Near: MinHash signatures (toolkit.data.signatures: datasketch's affine32 scheme) over the set of word
 `shingle_size`-grams, cut into b bands of r rows with the (b, r) that datasketch's `MinHashLSH` chooses for
 the Jaccard threshold (minimum of false-positive plus false-negative probability mass; Leskovec, Rajaraman &
 Ullman, *Mining of Massive Datasets*, §3.4). A document is dropped when any of its bands equals a band of an
-earlier document, so each connected component of near-duplicates keeps its first member (the rule of the
-BigCode/`text-dedup` pipelines). Candidates are not verified against the estimated Jaccard: at the defaults
-(128 permutations, threshold 0.8 → b=9, r=13) a pair at J=0.5 collides with probability 0.1 %.
+earlier document (the rule of the BigCode/`text-dedup` pipelines). Candidates are not verified against the
+estimated Jaccard: at the defaults (128 permutations, threshold 0.7 → b=14, r=9) a pair at J=0.5 collides
+with probability 2.7 %.
+
+The same rule runs across tasks and nodes in toolkit.data.task_dedup (the keys on disk, datatrove's bucket
+merge finding the pairs); this module is the one-process form `filter_documents` uses.
 
 The index is ours, not `MinHashLSH`: that class keeps a Python dict of sets per band, ~3.2 KB per document
-at the defaults (measured with tracemalloc on 20,000 signatures), which is what a 1 GB corpus cannot
-afford. Here each band is one 64-bit hash in sorted numpy segments (`HashSet`): b × 8 bytes per new
-document, and documents are checked in batches with vectorised lookups.
+at the defaults (measured with tracemalloc on 20,000 signatures). Here each band is one 64-bit hash in sorted
+numpy segments (`HashSet`): b × 8 bytes per new document, and documents are checked in batches with
+vectorised lookups.
 """
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 
 from toolkit.data.options import DedupOptions
-from toolkit.data.quality import fmix64, ngram_hashes
+from toolkit.data.signatures import Signer, exact_keys
 
 KEEP, EXACT, NEAR = 0, 1, 2
-_MULT = np.uint64(0xD6E8FEB86659FD93)
-_FOLD32 = np.uint64(0xFFFFFFFF)
 
 
 class HashSet:
@@ -70,25 +69,16 @@ class Deduplicator:
         self.exact = HashSet()
         self.near = HashSet()
         self.documents = 0
-        if options.dedup == "near":
-            from datasketch import MinHashLSH
-
-            lsh = MinHashLSH(threshold=options.near_threshold, num_perm=options.num_perm)
-            self.bands, self.rows = lsh.b, lsh.r
-            salts = np.arange(1, self.bands + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-            self._salts = fmix64(salts)
+        self.signer = Signer(options) if options.dedup == "near" else None
+        self.bands, self.rows = (self.signer.bands, self.signer.rows) if self.signer else (0, 0)
 
     @property
     def index_bytes(self) -> int:
         return self.exact.nbytes + self.near.nbytes
 
     def shingles(self, word_hashes: np.ndarray) -> np.ndarray | None:
-        """The document's distinct 32-bit shingle hashes (word n-grams; the whole text when it is shorter),
-        kept per document until its batch is checked; None unless near-duplicate removal is on."""
-        if self.options.dedup != "near":
-            return None
-        h = ngram_hashes(word_hashes, max(1, min(self.options.shingle_size, len(word_hashes))))
-        return np.unique(((h >> np.uint64(32)) ^ (h & _FOLD32)).astype(np.uint32))
+        """The document's shingles, kept until its batch is checked; None unless near-duplicate removal is on."""
+        return self.signer.shingles(word_hashes) if self.signer else None
 
     def check(self, texts: list[str], shingles: list[np.ndarray | None]) -> np.ndarray:
         """KEEP, EXACT or NEAR for each document (`shingles` from `self.shingles`), then index them."""
@@ -96,28 +86,10 @@ class Deduplicator:
         if self.options.dedup == "none" or not texts:
             return codes
         self.documents += len(texts)
-        digests = np.array(
-            [int.from_bytes(hashlib.blake2b(t.encode(), digest_size=8).digest(), "little") for t in texts],
-            dtype=np.uint64,
-        )
-        codes[self.exact.seen_and_add(digests)] = EXACT
-        if self.options.dedup == "near":
+        codes[self.exact.seen_and_add(exact_keys(texts))] = EXACT
+        if self.signer is not None:
             todo = np.flatnonzero(codes == KEEP)
             if len(todo):
-                near = self._band_keys([shingles[i] for i in todo])
+                near = self.signer.band_keys([shingles[i] for i in todo])
                 codes[todo[self.near.seen_and_add(near.ravel()).reshape(len(todo), -1).any(axis=1)]] = NEAR
         return codes
-
-    def _band_keys(self, shingles: list[np.ndarray]) -> np.ndarray:
-        """(documents, bands) uint64: each band's r MinHash values hashed to one number, salted by band."""
-        from datasketch import MinHash
-
-        sketches = MinHash.bulk(
-            (s.tolist() for s in shingles), num_perm=self.options.num_perm, seed=1, hashfunc=int
-        )
-        sig = np.stack([m.hashvalues for m in sketches]).astype(np.uint64)
-        bands = sig[:, : self.bands * self.rows].reshape(len(shingles), self.bands, self.rows)
-        acc = np.zeros((len(shingles), self.bands), dtype=np.uint64)
-        for j in range(self.rows):
-            acc = acc * _MULT + bands[:, :, j]
-        return fmix64(acc ^ self._salts)

@@ -1,7 +1,8 @@
-"""Stage 2 of `dstk data prepare`, one streaming pass: clean, filter by language and quality, deduplicate.
+"""What happens to each document before dedup: clean, then filter by language and quality (`DocumentFilter`),
+every drop counted (`FilterCounts`); and `filter_documents`, the whole pass with dedup in this process.
 
-The survivors' texts are spilled to a work file (one JSON string per line), so memory holds only a few bytes
-per document: its domain id, the dedup index, and the counts every drop and bad line is accounted in.
+The same `DocumentFilter` runs inside each task of `dstk data prepare` (toolkit.data.task_filter); the tasks'
+counts are summed (`FilterCounts.merge`) into the numbers manifest.json reports.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import numpy as np
 
 from toolkit.data.clean import Cleaner
 from toolkit.data.dedup import EXACT, KEEP, NEAR, Deduplicator
+from toolkit.data.formats import Record
 from toolkit.data.options import PrepareOptions
 from toolkit.data.progress import Stage
 from toolkit.data.quality import REASONS, language_allowed, quality_reason, word_hashes, words_of
@@ -38,20 +40,71 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 
 @dataclass
-class Survivors:
-    """What the filtering pass leaves: per-document domain ids (the texts are in the spill file) and counts."""
+class FilterCounts:
+    """What cleaning and the filters did to the documents read."""
+
+    read: int = 0
+    dropped: Counter = field(default_factory=Counter)
+    cleaning_changed: int = 0
+    boilerplate_lines: int = 0
+    untagged: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(FilterCounts)} | {"dropped": dict(self.dropped)}
+
+    @classmethod
+    def merge(cls, parts: Iterable[dict[str, Any]]) -> FilterCounts:
+        total = cls()
+        for part in parts:
+            for name, value in part.items():
+                if name == "dropped":
+                    total.dropped.update(value)
+                else:
+                    setattr(total, name, getattr(total, name) + value)
+        return total
+
+
+class DocumentFilter:
+    """clean → language → quality for one record: (cleaned text, word hashes) to keep, or None (counted)."""
+
+    def __init__(self, options: PrepareOptions, counts: FilterCounts | None = None) -> None:
+        self.options, self.cleaner = options, Cleaner(options.boilerplate)
+        self.counts = counts if counts is not None else FilterCounts()
+
+    def __call__(self, record: Record) -> tuple[str, np.ndarray] | None:
+        counts = self.counts
+        counts.read += 1
+        text, removed = self.cleaner(record.text)
+        counts.boilerplate_lines += removed
+        counts.cleaning_changed += text != record.text
+        if not text:
+            counts.dropped["empty_after_cleaning"] += 1
+            return None
+        if self.options.languages is not None:
+            allowed = language_allowed(record.lang, self.options.languages)
+            counts.untagged += allowed is None
+            if allowed is False:
+                counts.dropped["language"] += 1
+                return None
+        doc_words = words_of(text)
+        hashes = word_hashes(doc_words)
+        reason = quality_reason(self.options.quality, text, doc_words, hashes)
+        if reason is not None:
+            counts.dropped[reason] += 1
+            return None
+        return text, hashes
+
+
+@dataclass
+class Survivors(FilterCounts):
+    """What the one-process pass leaves: per-document domain ids (the texts are in the spill file) and counts."""
 
     domains: dict[str, int] = field(default_factory=dict)
     """Domain name → id, in order of first appearance."""
     domain_ids: array = field(default_factory=lambda: array("i"))
-    read: int = 0
     validation: int = 0
     """Kept documents whose hash puts them in the validation split."""
-    dropped: Counter = field(default_factory=Counter)
     bad_input: InputReport = field(default_factory=InputReport)
-    cleaning_changed: int = 0
-    boilerplate_lines: int = 0
-    untagged: int = 0
 
     def domain_id(self, name: str) -> int:
         return self.domains.setdefault(name, len(self.domains))
@@ -76,38 +129,22 @@ def filter_documents(
     validation_fraction: float = 0.0,
     stage: Stage | None = None,
 ) -> tuple[Survivors, Deduplicator]:
-    """Stage 2: clean, filter and deduplicate; survivors' texts go to `spill` (one JSON string per line).
-    Survivors that `validation_fraction` puts in the validation split are counted, so that an input too small
-    to give one fails here, before the tokenizer is trained."""
-    cleaner, dedup, kept = Cleaner(options.boilerplate), Deduplicator(options.dedup), Survivors()
-    stage, seen = stage or Stage(), 0
+    """Clean, filter and deduplicate in this process; survivors' texts go to `spill` (one JSON string per line),
+    in input order, as the tasks of `dstk data prepare` would keep them."""
+    dedup, kept = Deduplicator(options.dedup), Survivors()
+    check, stage, seen = DocumentFilter(options, kept), stage or Stage(), 0
+    kept.bad_input.text_field = options.text_field
+    fields = (options.text_field, options.domain_field)
     with spill.open("w", encoding="utf-8") as out:
-        for batch in batched(iter_records(inputs, kept.bad_input), BATCH):
+        for batch in batched(iter_records(inputs, kept.bad_input, fields), BATCH):
             stage.advance(kept.bad_input.bytes_read - seen, documents=len(batch))
             seen = kept.bad_input.bytes_read
             texts, shingles, domains = [], [], []
             for record in batch:
-                kept.read += 1
-                text, removed = cleaner(record.text)
-                kept.boilerplate_lines += removed
-                kept.cleaning_changed += text != record.text
-                if not text:
-                    kept.dropped["empty_after_cleaning"] += 1
+                if (passed := check(record)) is None:
                     continue
-                if options.languages is not None:
-                    allowed = language_allowed(record.lang, options.languages)
-                    kept.untagged += allowed is None
-                    if allowed is False:
-                        kept.dropped["language"] += 1
-                        continue
-                doc_words = words_of(text)
-                hashes = word_hashes(doc_words)
-                reason = quality_reason(options.quality, text, doc_words, hashes)
-                if reason is not None:
-                    kept.dropped[reason] += 1
-                    continue
-                texts.append(text)
-                shingles.append(dedup.shingles(hashes))  # a few bytes per word, not the words themselves
+                texts.append(passed[0])
+                shingles.append(dedup.shingles(passed[1]))  # a few bytes per word, not the words themselves
                 domains.append(record.domain)
             codes = dedup.check(texts, shingles)
             kept.dropped["exact_duplicate"] += int((codes == EXACT).sum())
@@ -120,15 +157,15 @@ def filter_documents(
     return kept, dedup
 
 
-def drops(kept: Survivors) -> dict[str, int]:
-    return {reason: kept.dropped[reason] for _, reasons in STAGES for reason in reasons}
+def drops(counts: FilterCounts) -> dict[str, int]:
+    return {reason: counts.dropped[reason] for _, reasons in STAGES for reason in reasons}
 
 
-def stage_counts(kept: Survivors) -> list[dict[str, Any]]:
+def stage_counts(counts: FilterCounts) -> list[dict[str, Any]]:
     """Documents in and kept at each stage, in pipeline order."""
-    report, n = [], kept.read
+    report, n = [], counts.read
     for stage, reasons in STAGES:
-        dropped = sum(kept.dropped[r] for r in reasons)
+        dropped = sum(counts.dropped[r] for r in reasons)
         report.append({"stage": stage, "in": n, "kept": n - dropped})
         n -= dropped
     return report

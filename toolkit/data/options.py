@@ -1,5 +1,8 @@
 """The settings of `dstk data prepare`, as frozen pydantic models (only pydantic and the standard library are
-imported, so building the CLI parser stays fast). The CLI derives its threshold flags from these fields."""
+imported, so building the CLI parser stays fast). The CLI derives its threshold flags from these fields.
+
+`PrepareOptions` is what decides the dataset (it is recorded in manifest.json); `ExecutionOptions` is only how
+the work is spread over processes and nodes, which never changes a byte of the output."""
 
 from __future__ import annotations
 
@@ -80,3 +83,37 @@ class PrepareOptions(BaseModel):
     is read: BPE training memory grows with the number of distinct words, not the corpus."""
     max_shard_mb: float = Field(default=100, gt=0)
     """Largest Arrow shard of a split in MB (1e6 bytes); larger splits are written as several shards."""
+    text_field: str = Field(default="text", min_length=1)
+    """The field holding a record's text in JSONL, Parquet and HF datasets (plain text: the line)."""
+    domain_field: str = Field(default="domain", min_length=1)
+    """The field naming a record's domain; a record without it takes its file's stem (its folder's name for an
+    HF dataset)."""
+    format: Literal["arrow", "megatron", "both"] = "arrow"
+    """arrow: dstk's packed rows (HF save_to_disk, what dstk train reads); megatron: Megatron's indexed dataset
+    (.bin/.idx, a sequence per document ending with the end-of-text token); both."""
+
+
+class ExecutionOptions(BaseModel):
+    """Where and how wide `dstk data prepare` runs (datatrove executors); the output is the same either way."""
+
+    model_config = _STRICT
+
+    executor: Literal["local", "slurm"] = "local"
+    """local: worker processes on this machine; slurm: job arrays submitted with sbatch, one task per array
+    element, waited for here."""
+    workers: int | None = Field(default=None, ge=1)
+    """Tasks run at once: worker processes (local; default: the cores this process may use), or array
+    elements running at once (slurm; default: no limit)."""
+    tasks: int | None = Field(default=None, ge=1)
+    """Shards the input is cut into, each read, filtered and tokenized by one task (default: 4 per worker, at
+    most 64 MB each, at least 1 MB each; with slurm, 256 MB each)."""
+    slurm_partition: str | None = None
+    """#SBATCH --partition of every job (required with slurm)."""
+    slurm_time: str = "24:00:00"
+    """#SBATCH --time of every job."""
+    slurm_cpus_per_task: int = Field(default=1, ge=1)
+    """#SBATCH --cpus-per-task (the tokenizer uses them)."""
+    slurm_mem_per_cpu: str = "2G"
+    """#SBATCH --mem-per-cpu, e.g. 2G or 500M."""
+    slurm_qos: str | None = None
+    """#SBATCH --qos (default: the partition's)."""

@@ -21,8 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from toolkit.data.store import TokenStore
-
 
 def pack_chunks(
     docs: Iterable[Sequence[int] | np.ndarray],
@@ -82,8 +80,7 @@ def pack(token_streams: Iterator[list[int]], seq_length: int, eos: int, pad: int
 
 
 def write_split(
-    store: TokenStore,
-    order: Iterable[int],
+    docs: Iterable[np.ndarray],
     dest: Path,
     scratch: Path,
     seq_length: int,
@@ -92,7 +89,7 @@ def write_split(
     shard_mb: float,
     packing: str = "concat",
 ) -> int:
-    """Stage 6: pack documents `order` into `dest` (HF save_to_disk, sharded); returns the number of rows.
+    """Pack the token ids `docs` (in packing order) into `dest` (HF save_to_disk, sharded); returns the number of rows.
     packing "concat": fixed rows of `seq_length`; "none": a row per document (piece), of variable length."""
     import datasets
     import pyarrow as pa
@@ -108,7 +105,6 @@ def write_split(
     )
     writer = ArrowWriter(features=features, path=str(scratch))
     content = hashlib.blake2b(digest_size=8)  # the fingerprint in state.json: from the rows, not the path
-    docs = store.documents(order)
     chunks = pack_chunks(docs, seq_length, eos, pad) if packed else piece_chunks(docs, seq_length, eos)
     for rows, n_tokens in chunks:
         content.update(rows.tobytes())

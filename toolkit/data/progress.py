@@ -12,9 +12,11 @@ that fails after reading prints its one error line, not a summary that the error
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
 
@@ -36,6 +38,9 @@ class Stage:
     def describe(self, text: str) -> None:
         """Rename what the bar shows (e.g. "tokenizer (merging)" once its sample is read)."""
 
+    def retotal(self, total: float) -> None:
+        """The stage's total, once it is known (how many documents the mixture keeps)."""
+
     def close(self) -> None:
         """Remove the live bar (the summary comes with Progress.done)."""
 
@@ -48,6 +53,9 @@ class Progress:
 
     def done(self, stage: Stage, summary: str, notes: Sequence[str] = ()) -> None:
         stage.close()
+
+    def note(self, text: str) -> None:
+        """Something the user should know now (a resumed run, an interrupted one)."""
 
 
 class _Bar(Stage):
@@ -64,6 +72,11 @@ class _Bar(Stage):
 
     def describe(self, text: str) -> None:
         self.bar.set_description_str(text)
+
+    def retotal(self, total: float) -> None:
+        if self.bar.total != total:
+            self.bar.total = total
+            self.bar.refresh()
 
     def close(self) -> None:
         self.bar.close()
@@ -102,6 +115,42 @@ class Console(Progress):
         stage.close()
         for line in (summary, *(f"note: {n}" for n in notes)):
             print(line, file=self.stream, flush=True)
+
+    def note(self, text: str) -> None:
+        print(f"note: {text}", file=self.stream, flush=True)
+
+
+class Heartbeat:
+    """A task's progress in a small file (`amount documents [total]`), rewritten at most every `interval_s`
+    and at the end: worker processes and SLURM tasks say how far they are, and the process showing the bar
+    adds the files up (`read_heartbeats`). `total` is for a stage whose size only its task knows."""
+
+    def __init__(self, path: Path, interval_s: float = 0.5) -> None:
+        self.path, self.interval_s, self.last = path, interval_s, 0.0
+        self.total: float | None = None
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def __call__(self, amount: float, documents: int, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self.last >= self.interval_s:
+            self.last = now
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+            tmp.write_text(
+                f"{amount} {documents}" + (f" {self.total}" if self.total is not None else "") + "\n"
+            )
+            os.replace(tmp, self.path)
+
+
+def read_heartbeats(folder: Path) -> tuple[float, int, float]:
+    """(amount, documents, total) summed over the heartbeat files in `folder` (total 0: none said)."""
+    amount, documents, total = 0.0, 0, 0.0
+    for path in folder.glob("[!.]*") if folder.is_dir() else ():
+        try:
+            a, d, *t = path.read_text().split()
+            amount, documents, total = amount + float(a), documents + int(d), total + sum(map(float, t))
+        except (OSError, ValueError):  # being replaced this instant: counted at the next look
+            continue
+    return amount, documents, total
 
 
 def rate(count: float, seconds: float, unit: str) -> str:
