@@ -60,10 +60,14 @@ def _add_model_flags(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from toolkit.data.options import ExecutionOptions, PrepareOptions
-
     # not required=True: argparse would say only "required: ACTION"; run() lists the actions instead
     sub = parser.add_subparsers(dest="data_verb", metavar="ACTION", parser_class=OneLineParser)
+    _add_generate(sub)
+    prep = _add_prepare(sub)
+    _add_prepare_stages(prep)
+
+
+def _add_generate(sub: Any) -> None:
     gen = sub.add_parser("generate", help=ACTIONS["generate"], description=ACTIONS["generate"])
     gen.add_argument(
         "--out",
@@ -76,6 +80,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--docs-per-domain", type=int, default=2000, metavar="N", help="documents per domain (default: 2000)"
     )
     gen.add_argument("--seed", type=int, default=0, help="generator seed (default: 0)")
+
+
+def _add_prepare(sub: Any) -> argparse.ArgumentParser:
+    """`dstk data prepare`'s inputs, outputs, tokenizer and reading flags."""
+    from toolkit.data.options import PrepareOptions
+
     prep = sub.add_parser("prepare", help=ACTIONS["prepare"], description=ACTIONS["prepare"])
     prep.add_argument(
         "--input",
@@ -100,6 +110,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="replace the prepared dataset already in --out (the old one stays until the new one is complete)",
     )
+    _add_rows(prep)
+    _add_tokenizer_and_split(prep)
+    fields = PrepareOptions.model_fields
+    _add_model_flags(prep, PrepareOptions, only=(*READING, "format"))
+    prep.add_argument("--max-shard-mb", type=int, metavar="MB", help=_field_help(fields["max_shard_mb"]))
+    prep.add_argument(
+        "--tokenizer-sample-mb", type=float, metavar="MB", help=_field_help(fields["tokenizer_sample_mb"])
+    )
+    return prep
+
+
+def _add_rows(prep: argparse.ArgumentParser) -> None:
+    """What a training row is: --seq-length tokens, packed or one document per row."""
     prep.add_argument("--seq-length", type=int, default=128, metavar="N", help="tokens per training sequence")
     prep.add_argument(
         "--no-pack",
@@ -109,6 +132,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a row per document (cut into --seq-length pieces when longer) instead of packed rows, "
         "for dstk train --token-budget",
     )
+
+
+def _add_tokenizer_and_split(prep: argparse.ArgumentParser) -> None:
+    """The tokenizer (given or trained), the seed and the held-out share."""
     which = prep.add_mutually_exclusive_group(required=True)
     which.add_argument(
         "--tokenizer",
@@ -131,12 +158,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="F",
         help="share of documents held out, chosen by a hash of their text (default: 0.02)",
     )
+
+
+def _add_prepare_stages(prep: argparse.ArgumentParser) -> None:
+    """The flags of the stages: cleaning and filters, deduplication, the domain mixture, the executors."""
+    from toolkit.data.options import ExecutionOptions, PrepareOptions
+
     fields = PrepareOptions.model_fields
-    _add_model_flags(prep, PrepareOptions, only=(*READING, "format"))
-    prep.add_argument("--max-shard-mb", type=int, metavar="MB", help=_field_help(fields["max_shard_mb"]))
-    prep.add_argument(
-        "--tokenizer-sample-mb", type=float, metavar="MB", help=_field_help(fields["tokenizer_sample_mb"])
-    )
     clean = prep.add_argument_group("cleaning and filters")
     clean.add_argument(
         "--boilerplate",
@@ -243,6 +271,12 @@ def run(args: argparse.Namespace) -> int:
         progress=Console(),
         execution=execution_options(args),
     )
+    print(_summary(args, manifest))
+    return 0
+
+
+def _summary(args: argparse.Namespace, manifest: dict[str, Any]) -> str:
+    """The one line a finished `data prepare` prints: what it wrote and what it dropped."""
     dropped = ", ".join(f"{n} {reason}" for reason, n in manifest["dropped"].items() if n) or "none"
     kept = sum(manifest["documents"].values())
     size = (
@@ -259,11 +293,10 @@ def run(args: argparse.Namespace) -> int:
         wrote.append(
             f"Megatron files of {docs['train']} training and {docs['validation']} validation documents"
         )
-    print(
+    return (
         f"wrote {args.out}: {' and '.join(wrote)}, vocabulary {manifest['vocab_size']}; "
         f"{kept} of {manifest['stages'][0]['in']} documents kept (dropped: {dropped}){unusable}"
     )
-    return 0
 
 
 def _generate(args: argparse.Namespace) -> int:

@@ -37,6 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from toolkit.plan.growth_map import GrowthOptions
 
     add_option_fields(parser, GrowthOptions, {"width_noise": "F"})
+    _add_check_arguments(parser)
+    _add_schedule_arguments(parser)
+    add_cluster_args(parser, required=False)
+    add_layout_args(parser)
+
+
+def _add_check_arguments(parser: argparse.ArgumentParser) -> None:
+    """The check that the grown model computes the parent's function, and the tokenizer copied beside it."""
     parser.add_argument(
         "--data", type=Path, metavar="DIR", help="check parent vs grown loss on this dstk data prepare output's "
         "validation split (default: random tokens)"
@@ -50,6 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="copy this tokenizer next to the weights (default: --from's)",
     )
+
+
+def _add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
+    """A whole train → grow → train schedule instead of one growth."""
     parser.add_argument(
         "--schedule",
         type=Path,
@@ -57,8 +69,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run a train → grow → train schedule (YAML/JSON) instead of one growth",
     )
     parser.add_argument("--dry-run", action="store_true", help="with --schedule: print the commands only")
-    add_cluster_args(parser, required=False)
-    add_layout_args(parser)
 
 
 def run(args: argparse.Namespace) -> int:
