@@ -333,7 +333,7 @@ HOPPER_RUNS: list[tuple[str, str, str, str, float, str]] = [
             f"MosaicML MPT-{name}, FSDP {mode}, {n} H100, b={b}",
             f"{MOS} ({tps} T/s/GPU)",
             f"--model {M}/mpt-{name}.yaml --cluster dgx-h100 --nodes {n // 8} --zero-stage {3 if mode == 'FULL' else 2} "
-            f"--micro-batch {b} --global-batch {b * n} --recompute {rc} --flash-attention",
+            f"--micro-batch {b} --global-batch {b * n} --recompute {rc} --flash-attention --fsdp fp32",
             "tok",
             tps,
             "Hopper, PyTorch FSDP, bf16",
@@ -355,7 +355,7 @@ HOPPER_RUNS: list[tuple[str, str, str, str, float, str]] = [
             f"torchtitan Llama 3.1 8B, FSDP2, {n} H100",
             f"torchtitan benchmarks/llama3_h100_202412_torchtitan.md ({tps:,} TPS/GPU; H100 96 GB at 500 W)",
             f"--model llama3-8b --cluster dgx-h100 --nodes {n // 8} --zero-stage 3 --micro-batch 2 --global-batch "
-            f"{2 * n} --recompute selective --flash-attention",
+            f"{2 * n} --recompute selective --flash-attention --fsdp fp32",
             "tok",
             tps,
             "Hopper, PyTorch FSDP, bf16",
@@ -367,7 +367,7 @@ HOPPER_RUNS: list[tuple[str, str, str, str, float, str]] = [
             f"IBM fms-fsdp Llama 2 {name}, 96 H100",
             f"foundation-model-stack/fms-fsdp README ({tps} tokens/s/GPU)",
             f"--model {ref} --cluster dgx-h100 --nodes 12 --zero-stage 3 --micro-batch 2 --global-batch 192 "
-            f"--recompute {rc} --flash-attention --seq-length 4096",
+            f"--recompute {rc} --flash-attention --seq-length 4096 --fsdp bf16",
             "tok",
             tps,
             "Hopper, PyTorch FSDP, bf16",

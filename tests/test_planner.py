@@ -36,6 +36,22 @@ RULE_CASES = [
         dict(comm_overlap=True),
         r"--comm-overlap: Megatron-Core's overlaps",
     ),
+    (
+        "fsdp_shards_as_zero2_or_3",
+        "gpt2",
+        "dgx-a100-80g",
+        {},
+        dict(fsdp="fp32", zero_stage=1),
+        r"--fsdp: PyTorch FSDP shards as ZeRO-2 \(SHARD_GRAD_OP\) or ZeRO-3 \(FULL_SHARD\), not ZeRO-1",
+    ),
+    (
+        "pytorch_fsdp_runtime_only",
+        "gpt2",
+        "dgx-a100-80g",
+        {},
+        dict(fsdp="bf16", zero_stage=3),
+        r"--fsdp: PyTorch FSDP's runtime",
+    ),
     ("tp_divides_heads", "gpt2", "dgx-a100-80g", {}, dict(tp=8), r"--tp: n_heads\(12\)"),
     ("pp_le_layers", "tiny-gpt2", "dgx-a100-80g", {}, dict(pp=8), r"--pp: pp\(8\) exceeds n_layers\(4\)"),
     (

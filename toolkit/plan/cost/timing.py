@@ -18,6 +18,8 @@ Data-parallel traffic per ZeRO stage, as DeepSpeed schedules it (Rajbhandari et 
 - stage 3: per micro-batch an all-gather of parameters for forward and one for backward, prefetched behind
   compute, and a reduce-scatter of gradients behind backward (3Ψ per micro-batch instead of 2Ψ per step).
 Only what does not fit in the compute it overlaps with, plus one bucket that cannot overlap, is exposed.
+PyTorch FSDP (`--fsdp`, published FSDP runs) moves the same volumes per micro-batch in one all-gather and one
+reduce-scatter per wrapped block, a block ahead of compute (`_fsdp_exposed_s`).
 """
 
 from __future__ import annotations
@@ -176,7 +178,9 @@ def _dp_exposed_s(
             reduce_one = comm.reduce_scatter_s(params * grad_e, grp, cluster, calls=buckets)
         gathers = _gather_calls(model, load, params, knobs)
         tail = max(tail, comm.all_reduce_s(min(knobs.reduce_bucket_size, params) * grad_e, grp, cluster))
-        if layout.optimizer != "adamw":
+        if layout.fsdp is not None:
+            exposed += m * _fsdp_exposed_s(params, grp, cluster, layout, load, e, fwd, bwd)
+        elif layout.optimizer != "adamw":
             exposed += _onebit_allreduce_s(params, grp, cluster, layout)
         elif layout.zero_stage == 0:
             # the engine's buffered all-reduce after backward, in 5e8-element buffers (engine.py)
@@ -201,7 +205,45 @@ def _dp_exposed_s(
         else:
             gather = comm.all_gather_s(params * e, grp, cluster, calls=gathers)
             exposed += m * (max(0.0, gather - fwd) + max(0.0, gather + reduce_one - bwd))
-    return exposed + (tail if layout.zero_stage else 0.0)
+    return exposed + (tail if layout.zero_stage and layout.fsdp is None else 0.0)
+
+
+def _fsdp_exposed_s(
+    params: float,
+    grp: comm.Group,
+    cluster: ClusterSpec,
+    layout: Layout,
+    load: StageLoad,
+    e: int,
+    fwd: float,
+    bwd: float,
+) -> float:
+    """PyTorch FSDP's data-parallel traffic of one micro-batch that compute does not hide.
+
+    FSDP wraps each block (llm-foundry's `fsdp_wrap_fn`, torchtitan's `fully_shard` per TransformerBlock,
+    fms-fsdp's LLaMABlock policy) plus the root (embedding, final norm, head): one flat parameter per unit,
+    all-gathered in one NCCL call and, in backward, reduce-scatter in one call (FSDP1 `FlatParameter`; FSDP2
+    `FSDPParamGroup`). Forward issues unit i+1's all-gather on its own stream while unit i computes (implicit
+    prefetch; "the 1st all-gather will not be able to overlap with anything", PyTorch's FSDP notes), backward
+    prefetches the next unit's gather (BACKWARD_PRE, FSDP2's reverse post-forward order) and reduce-scatters
+    each unit's gradients as they are produced, so only the first gather and the last reduce-scatter are
+    exposed, plus whatever the rest does not fit in the compute beside it. FULL_SHARD (ZeRO-3) gathers again
+    in backward; SHARD_GRAD_OP (ZeRO-2) keeps the gathered parameters until backward ends. Gradients are
+    reduced in `layout.fsdp`'s dtype (MixedPrecision.reduce_dtype: fp32 for llm-foundry's `DEFAULT` and
+    torchtitan, bf16 for fms-fsdp's `bfSixteen`). FSDP has no post-step gather: the optimizer updates the
+    local shard in place."""
+    units = load.n_blocks + 1
+    grad_e = 4 if layout.fsdp == "fp32" else 2
+    gather = comm.all_gather_s(params * e, grp, cluster, calls=units)
+    reduce = comm.reduce_scatter_s(params * grad_e, grp, cluster, calls=units)
+    gather_one, reduce_one = gather / units, reduce / units
+    backward_gather = gather if layout.zero_stage == 3 else 0.0
+    return (
+        gather_one
+        + max(0.0, gather - gather_one - fwd)
+        + reduce_one
+        + max(0.0, backward_gather + reduce - reduce_one - bwd)
+    )
 
 
 def _onebit_allreduce_s(params: float, grp: comm.Group, cluster: ClusterSpec, layout: Layout) -> float:
