@@ -42,7 +42,16 @@ def _est(model, cluster, scopes=("layout",), **layout):
 
 def test_gpus_with_fp8_tensor_cores_are_ada_and_hopper() -> None:
     fp8 = {k for k, e in gpu_table().items() if e["fp8_tflops"] is not None}
-    assert fp8 == {"h100-nvl", "h100-pcie-80gb", "h100-sxm5-80gb", "h200-sxm-141gb", "l40s", "l4", "rtx-4090"}
+    assert fp8 == {
+        "h100-nvl",
+        "h100-pcie-80gb",
+        "h100-sxm5-80gb",
+        "h100-sxm5-96gb-500w",
+        "h200-sxm-141gb",
+        "l40s",
+        "l4",
+        "rtx-4090",
+    }
     for key, e in gpu_table().items():  # Hopper and the datacenter Ada cards: FP8 runs at twice BF16
         if key != "rtx-4090" and e["fp8_tflops"] is not None:
             assert e["fp8_tflops"] == pytest.approx(2 * e["bf16_tflops"], rel=0.013)  # L40S: 733 / 362.05

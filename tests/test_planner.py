@@ -186,7 +186,7 @@ RULE_CASES = [
         {},
         dict(precision="fp8"),
         r"^--precision: fp8 needs FP8 tensor cores .* dgx-a100-80g has no FP8 tensor cores; GPUs with FP8: "
-        r"h100-nvl, h100-pcie-80gb, h100-sxm5-80gb, h200-sxm-141gb, l40s, l4",
+        r"h100-nvl, h100-pcie-80gb, h100-sxm5-80gb, h100-sxm5-96gb-500w, h200-sxm-141gb, l40s, l4",
     ),
     (
         "fp8_converts_hf_linear_layers",
