@@ -85,6 +85,22 @@ class StageLoad:
     """Expert parameters on the rank (after EP, before ZeRO)."""
     n_blocks: int
     n_moe_blocks: int
+    overlap_slowdown: float = 1.0
+    """Compute time per unit of work while a data-parallel collective runs beside it (NCCL's kernel holds some
+    SMs; toolkit.plan.cost.estimate._overlap_slowdown); 1 where nothing overlaps."""
+
+
+def _behind(comm_s: float, compute_s: float, slowdown: float) -> float:
+    """Seconds a collective of `comm_s` adds when it runs beside `compute_s` of compute that it slows by
+    `slowdown` while it holds its SMs: the compute done meanwhile advances at 1/slowdown, so the pair takes
+    max(comm, compute + comm·(1 − 1/slowdown)). Lee et al. 2025 ("Characterizing Compute-Communication Overlap
+    in GPU-Accelerated Distributed Deep Learning", arXiv:2507.03114) measure 18.9 % average compute slowdown
+    under overlap on A100/H100/MI250/MI210; NVIDIA's developer forum ("Compute-Communication Overlap Causes
+    Severe GEMM Performance Degradation because of Tail Effect", 2025) shows an H100 all-gather holding 24 of
+    132 SMs and a one-wave GEMM beside it taking two waves."""
+    if comm_s <= 0:
+        return 0.0
+    return max(comm_s - compute_s, comm_s * (1 - 1 / slowdown), 0.0)
 
 
 def _groups(layout: Layout, cluster: ClusterSpec) -> dict[str, comm.Group]:
@@ -165,6 +181,7 @@ def _dp_exposed_s(
     fp32_grads = layout.precision == "fp32" or (layout.zero_stage == 0 and layout.pp > 1)
     grad_e = 4 if fp32_grads else 2
     fwd, bwd = load.compute.forward_s, load.compute.backward_s + load.compute.recompute_s
+    slow = load.overlap_slowdown
     if cluster.accelerator == "cpu":
         fwd = bwd = 0.0  # on the CPU accelerator the same cores run gloo and the math: nothing overlaps
     tail = exposed = 0.0
@@ -191,8 +208,8 @@ def _dp_exposed_s(
             gather = comm.all_gather_s(
                 params * e, grp, cluster, calls=max(1.0, params / knobs.allgather_bucket_size)
             )
-            gather = max(0.0, gather - fwd) if layout.comm_overlap else gather
-            exposed += (m if layout.zero_stage == 2 else 1) * max(0.0, reduce_one - bwd) + gather
+            gather = _behind(gather, fwd, slow) if layout.comm_overlap else gather
+            exposed += (m if layout.zero_stage == 2 else 1) * _behind(reduce_one, bwd, slow) + gather
         elif layout.zeropp:
             # ZeRO++ (Wang et al. 2023): int8 weights forward (+ fp32 scale per 2048 values), backward gathers
             # from the secondary partition inside the node, int4 gradients reduce-scattered
@@ -201,10 +218,10 @@ def _dp_exposed_s(
             gather_fwd = comm.all_gather_s(params * (1 + 4 / 2048), grp, cluster, calls=gathers)
             gather_bwd = comm.all_gather_s(params * e, hpz, cluster, calls=gathers)
             reduce_q = comm.reduce_scatter_s(params * (0.5 + 4 / 2048), grp, cluster, calls=buckets)
-            exposed += m * (max(0.0, gather_fwd - fwd) + max(0.0, gather_bwd + reduce_q - bwd))
+            exposed += m * (_behind(gather_fwd, fwd, slow) + _behind(gather_bwd + reduce_q, bwd, slow))
         else:
             gather = comm.all_gather_s(params * e, grp, cluster, calls=gathers)
-            exposed += m * (max(0.0, gather - fwd) + max(0.0, gather + reduce_one - bwd))
+            exposed += m * (_behind(gather, fwd, slow) + _behind(gather + reduce_one, bwd, slow))
     return exposed + (tail if layout.zero_stage and layout.fsdp is None else 0.0)
 
 
@@ -238,11 +255,12 @@ def _fsdp_exposed_s(
     reduce = comm.reduce_scatter_s(params * grad_e, grp, cluster, calls=units)
     gather_one, reduce_one = gather / units, reduce / units
     backward_gather = gather if layout.zero_stage == 3 else 0.0
+    slow = load.overlap_slowdown
     return (
         gather_one
-        + max(0.0, gather - gather_one - fwd)
+        + _behind(gather - gather_one, fwd, slow)
         + reduce_one
-        + max(0.0, backward_gather + reduce - reduce_one - bwd)
+        + _behind(backward_gather + reduce - reduce_one, bwd, slow)
     )
 
 
