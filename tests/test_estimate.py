@@ -391,3 +391,21 @@ def test_collectives_beside_compute_slow_it_by_the_sms_they_hold() -> None:
     # everything hidden without the SMs held; with them, ~1/6 of the hidden traffic shows (1 − 108/132 ≈ 0.18)
     assert 0.0 < extra < 0.25 * with_sms.compute_s
     assert load_cluster("dgx-a100-80g").collective_sm_count is None  # A100 presets: overlap free, as before
+
+
+def test_checkpointing_every_kth_block_recomputes_and_keeps_between_none_and_full() -> None:
+    """`--recompute full --recompute-every 2` (torchtitan's and fms-fsdp's block-interval checkpointing)
+    recomputes half the blocks' forward and keeps half the blocks' activations."""
+    m, c = load_model("llama-7b"), load_cluster("dgx-h100")
+
+    def run(**fields):
+        return estimate(m, c, resolve_layout(m, c, LayoutRequest(zero_stage=3, micro_batch_size=2, **fields)))
+
+    none, full, half = run(recompute="none"), run(recompute="full"), run(recompute="full", recompute_every=2)
+    fwd = full.time.compute_s - none.time.compute_s  # the repeated forward (blocks and head)
+    assert none.time.compute_s < half.time.compute_s < full.time.compute_s
+    assert half.time.compute_s - none.time.compute_s == pytest.approx(fwd / 2, rel=0.02)
+    assert full.memory.activations < half.memory.activations < none.memory.activations
+    assert half.hardware_flops_per_token == pytest.approx(
+        (none.hardware_flops_per_token + full.hardware_flops_per_token) / 2
+    )

@@ -52,6 +52,22 @@ RULE_CASES = [
         dict(fsdp="bf16", zero_stage=3),
         r"--fsdp: PyTorch FSDP's runtime",
     ),
+    (
+        "recompute_every_needs_full",
+        "gpt2",
+        "dgx-a100-80g",
+        {},
+        dict(recompute="selective", recompute_every=2),
+        r"--recompute-every: checkpoints every K-th block of --recompute full, not --recompute selective",
+    ),
+    (
+        "recompute_every_runtime_only",
+        "gpt2",
+        "dgx-a100-80g",
+        {},
+        dict(recompute="full", recompute_every=2),
+        r"--recompute-every: torchtitan's and fms-fsdp's block-interval checkpointing",
+    ),
     ("tp_divides_heads", "gpt2", "dgx-a100-80g", {}, dict(tp=8), r"--tp: n_heads\(12\)"),
     ("pp_le_layers", "tiny-gpt2", "dgx-a100-80g", {}, dict(pp=8), r"--pp: pp\(8\) exceeds n_layers\(4\)"),
     (

@@ -50,6 +50,7 @@ LAYOUT_FLAGS: dict[str, str] = {
     "global_batch_size": "--global-batch",
     "gradient_accumulation_steps": "--grad-accum",
     "recompute": "--recompute",
+    "recompute_every": "--recompute-every",
     "offload_optimizer": "--offload-optimizer",
     "offload_param": "--offload-param",
     "offload_activations": "--offload-activations",
@@ -90,6 +91,11 @@ class LayoutRequest(BaseModel):
     """Micro-batches per optimizer step (default: derived from the global batch, else 1)."""
     recompute: Recompute = "none"
     """Activation recomputation: none, selective (attention core, Korthikanti et al.), or full."""
+    recompute_every: int | None = Field(default=None, gt=0)
+    """With --recompute full: checkpoint only every K-th block, the others keep all their activations
+    (torchtitan's `selective_ac_option = K`, fms-fsdp's `selective_checkpointing = K` before 2024-03-21:
+    `count % K == 0` in both); `dstk estimate` only, for published runs — DeepSpeed and Megatron checkpoint
+    every block. Unset: every block."""
     offload_optimizer: OffloadDevice = "none"
     """Where ZeRO keeps optimizer states (ZeRO-Offload / ZeRO-Infinity)."""
     offload_param: OffloadDevice = "none"

@@ -286,12 +286,14 @@ def stage_compute(
     flash: bool = False,
     ep: int = 1,
     fp8: Fp8Gemms | None = None,
+    recompute_every: int = 1,
 ) -> StageCompute:
     """Forward, backward and recomputation seconds of one micro-batch on one rank of a pipeline stage.
 
     Blocks by `block_time`; the last stage adds the LM head (2·h·V FLOPs per token forward, vocabulary-parallel,
     in the training precision even in fp8) and its softmax, whose backward is two forwards (one `frozen`).
-    Full recomputation repeats the forward, selective the attention core.
+    Full recomputation repeats the forward, selective the attention core; full with `recompute_every` K > 1
+    repeats the forward of the stage's blocks whose count is a multiple of K (blocks // K of them).
     """
     tokens = micro_batch * model.seq_length
     common = dict(
@@ -322,4 +324,7 @@ def stage_compute(
         head += (e + 8) * tokens / sp * model.vocab_size / tp / hbm  # upcast + log-softmax of the logits
         fwd, bwd = fwd + head, bwd + (1 if frozen else 2) * head
     recompute_s = fwd if recompute == "full" else attention_fwd if recompute == "selective" else 0.0
+    blocks = dense_layers + moe_layers
+    if recompute == "full" and recompute_every > 1 and blocks:
+        recompute_s = (fwd - (head if last else 0.0)) * (blocks // recompute_every) / blocks
     return StageCompute(forward_s=fwd, backward_s=bwd, recompute_s=recompute_s, per_step_s=per_step)

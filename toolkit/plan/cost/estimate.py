@@ -97,7 +97,9 @@ class Estimate:
     @property
     def hardware_flops_per_token(self) -> float:
         """Model FLOPs per token plus what this layout computes again (recomputation, expert padding)."""
-        return hardware_flops_per_token(self.model, self.layout.recompute, self.layout.lora is not None)
+        return hardware_flops_per_token(
+            self.model, self.layout.recompute, self.layout.lora is not None, self.layout.recompute_every or 1
+        )
 
     @property
     def tflops_per_gpu(self) -> float:
@@ -396,6 +398,7 @@ def estimate(
             moe_layers=st.moe_blocks,
             last=last,
             recompute=layout.recompute,
+            recompute_every=layout.recompute_every or 1,
             flash=act.flash_attention(model, layout),
             sequence_parallel=layout.tp_sequence_parallel,
             frozen=layout.lora is not None,

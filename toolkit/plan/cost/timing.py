@@ -149,7 +149,8 @@ def _tp_comm_s(model: ModelSpec, cluster: ClusterSpec, layout: Layout, load: Sta
     if layout.tp == 1:
         return 0.0
     tokens = layout.micro_batch_size * model.seq_length / layout.sp
-    calls = load.n_blocks * (6 if layout.recompute == "full" else 4)
+    rebuilt = load.n_blocks // (layout.recompute_every or 1) if layout.recompute == "full" else 0
+    calls = 4 * load.n_blocks + 2 * rebuilt
     return calls * comm.all_reduce_s(tokens * model.hidden_size * e, _groups(layout, cluster)["tp"], cluster)
 
 
