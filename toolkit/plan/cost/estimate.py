@@ -15,13 +15,13 @@ from typing import Any
 
 from toolkit.plan.checkpoint_interval import CheckpointPlan, checkpoint_plan
 from toolkit.plan.cost import activations as act
-from toolkit.plan.cost.compute import block_linears, stage_compute
+from toolkit.plan.cost.compute import block_linears, slowed_by_collectives, stage_compute
 from toolkit.plan.cost.flops import hardware_flops_per_token, model_flops_per_token, model_tflops_per_gpu
-from toolkit.plan.cost.fp8 import Fp8Gemms, cast_transient_bytes, fp8_gemms, weight_copies_bytes
+from toolkit.plan.cost.fp8 import cast_transient_bytes, fp8_gemms, weight_copies_bytes
 from toolkit.plan.cost.memory import GIB, HOST_USABLE, Memory, rank_params, stage_memory
 from toolkit.plan.cost.timing import StageLoad, StepTime, sp_all_to_all_bytes, step_time
 from toolkit.plan.layout import Layout, engine_precision
-from toolkit.plan.params import ParamCount, count_params, tensor_numels, zero_grad_partition
+from toolkit.plan.params import count_params, tensor_numels, zero_grad_partition
 from toolkit.plan.specs import ClusterSpec, ModelSpec
 from toolkit.plan.units import as_bytes, format_bytes
 from toolkit.plan.zero_knobs import ZeroKnobs, derive_zero_knobs
@@ -344,32 +344,6 @@ def _largest_param(pc, layout: Layout, model: ModelSpec) -> float:
     return max(pc.word_embedding / layout.tp, pc.mlp_weights / layout.tp / (3 if model.gated_mlp else 2))
 
 
-def _overlap_slowdown(
-    model: ModelSpec,
-    pc: ParamCount,
-    cluster: ClusterSpec,
-    layout: Layout,
-    load: StageLoad,
-    stage: dict[str, Any],
-    peak: float,
-    fp8: Fp8Gemms | None,
-) -> float:
-    """How much slower a micro-batch computes while a data-parallel collective runs beside it: NCCL's kernel
-    holds `collective_sm_count` SMs (one CTA per channel), so the GEMMs and attention run on the rest — at
-    their share of the peak and with the rest's wave quantization (a GEMM sized for 132 SMs in one wave needs
-    two on 108). 1 where nothing overlaps (no data parallelism, or ZeRO-0/1 without `--comm-overlap`: their
-    traffic follows backward) or the cluster does not say what NCCL holds."""
-    held, sms = cluster.collective_sm_count, cluster.gpu_sm_count
-    overlaps = layout.zero_stage >= 2 or layout.comm_overlap or layout.fsdp is not None
-    if not held or not sms or held >= sms or cluster.accelerator == "cpu" or layout.dp <= 1 or not overlaps:
-        return 1.0
-    share = (sms - held) / sms
-    rest = cluster.model_copy(update={"gpu_sm_count": sms - held})
-    fp8_rest = None if fp8 is None else replace(fp8, peak=fp8.peak * share)
-    slowed = stage_compute(model, pc, rest, **stage, peak=peak * share, fp8=fp8_rest)
-    return slowed.total_s / load.compute.total_s if load.compute.total_s > 0 else 1.0
-
-
 def estimate(
     model: ModelSpec, cluster: ClusterSpec, layout: Layout, knobs: ZeroKnobs | None = None
 ) -> Estimate:
@@ -417,8 +391,12 @@ def estimate(
         if slowest is None or compute.total_s > slowest.compute.total_s:
             slowest, slowest_stage = load, stage
     assert slowest is not None
-    slowdown = _overlap_slowdown(model, pc, cluster, layout, slowest, slowest_stage, peak, fp8)
-    if slowdown != 1.0:
+    # ZeRO-2/3, FSDP and Megatron-Core's overlaps run data-parallel collectives beside compute (ZeRO-0/1's follow
+    # backward): price that compute on the SMs NCCL leaves it
+    if layout.dp > 1 and (layout.zero_stage >= 2 or layout.comm_overlap or layout.fsdp is not None):
+        slowdown = slowed_by_collectives(
+            model, pc, cluster, slowest_stage, peak, fp8, slowest.compute.total_s
+        )
         slowest = replace(slowest, overlap_slowdown=slowdown)
     time = step_time(model, cluster, layout, slowest, knobs)
     return Estimate(model=model, cluster=cluster, layout=layout, knobs=knobs, memory=memory, time=time)

@@ -87,7 +87,7 @@ class StageLoad:
     n_moe_blocks: int
     overlap_slowdown: float = 1.0
     """Compute time per unit of work while a data-parallel collective runs beside it (NCCL's kernel holds some
-    SMs; toolkit.plan.cost.estimate._overlap_slowdown); 1 where nothing overlaps."""
+    SMs; toolkit.plan.cost.compute.slowed_by_collectives); 1 where nothing overlaps."""
 
 
 def _behind(comm_s: float, compute_s: float, slowdown: float) -> float:
