@@ -1,4 +1,5 @@
-"""Published training runs on Hopper GPUs (H100 SXM 80 GB), for benchmarks/published_runs.py.
+"""Published training runs on Hopper GPUs (H100 SXM 80 GB; torchtitan's on Meta's 96 GB HBM2e H100 at 500 W,
+the `grand-teton-h100` preset), for benchmarks/published_runs.py.
 
 Each row states the runtime it describes, because the same layout runs at different speeds under different
 stacks, and dstk prices a runtime by its flags:
@@ -10,7 +11,9 @@ stacks, and dstk prices a runtime by its flags:
   recipe interleaves; context parallelism (CP) is priced as DeepSpeed-Ulysses `--sp` of the same degree, the
   closest layout dstk prices (same attention split, different exchange).
 - PyTorch FSDP stacks (MosaicML llm-foundry, torchtitan, IBM fms-fsdp): FULL_SHARD as ZeRO-3, SHARD_GRAD_OP as
-  ZeRO-2, with FlashAttention-2 (the preset's attention efficiency, torch's SDPA), eager kernels.
+  ZeRO-2, priced as FSDP runs them (`--fsdp`: one gather and one reduce-scatter per block, gradients reduced in
+  fp32 under composer's `DEFAULT` mixed precision and torchtitan's default, in bf16 under fms-fsdp's
+  `bfSixteen`), with FlashAttention-2 (the preset's attention efficiency, torch's SDPA), eager kernels.
 Sources (row by row in `source`): NVIDIA DGX Cloud benchmarking recipes (NVIDIA/dgxc-benchmarking@143b90dd
 READMEs: aggregate tokens/s and step times), Megatron-LM's README weak-scaling table (Megatron-Core r0.8.0,
 per-GPU TFLOP/s), the Nemotron-4 15B paper (Parmar et al. 2024, Table 2: iteration times), the Llama 3 paper
@@ -333,7 +336,7 @@ HOPPER_RUNS: list[tuple[str, str, str, str, float, str]] = [
             f"MosaicML MPT-{name}, FSDP {mode}, {n} H100, b={b}",
             f"{MOS} ({tps} T/s/GPU)",
             f"--model {M}/mpt-{name}.yaml --cluster dgx-h100 --nodes {n // 8} --zero-stage {3 if mode == 'FULL' else 2} "
-            f"--micro-batch {b} --global-batch {b * n} --recompute {rc} --flash-attention",
+            f"--micro-batch {b} --global-batch {b * n} --recompute {rc} --flash-attention --fsdp fp32",
             "tok",
             tps,
             "Hopper, PyTorch FSDP, bf16",
@@ -353,29 +356,41 @@ HOPPER_RUNS: list[tuple[str, str, str, str, float, str]] = [
     *(
         (
             f"torchtitan Llama 3.1 8B, FSDP2, {n} H100",
-            f"torchtitan benchmarks/llama3_h100_202412_torchtitan.md ({tps:,} TPS/GPU; H100 96 GB at 500 W)",
-            f"--model llama3-8b --cluster dgx-h100 --nodes {n // 8} --zero-stage 3 --micro-batch 2 --global-batch "
-            f"{2 * n} --recompute selective --flash-attention",
+            f"torchtitan benchmarks/llama3_h100_202412_torchtitan.md (Table {t}, FSDP without torch.compile: "
+            f"{tps:,} TPS/GPU; H100 96 GB HBM2e at 500 W)",
+            f"--model llama3-8b --cluster grand-teton-h100 --nodes {n // 8} --zero-stage 3 --micro-batch 2 --global-batch "
+            f"{2 * n} --recompute selective --flash-attention --fsdp fp32",
             "tok",
             tps,
             "Hopper, PyTorch FSDP, bf16",
         )
-        for n, tps in ((8, 5762), (128, 6514))
+        for n, t, tps in ((8, 1, 5762), (128, 3, 5605))
     ),
+    # fms-fsdp@267bd4bb's "Selective AC" is `selective_checkpointing` k: every k-th LLaMABlock fully checkpointed
+    # (fms_fsdp/policies/ac_handler.py), not Megatron's attention-core recomputation; the 13B run's k is not
+    # published, but the README's MFU column, taken with PyTorch's FLOP counter (which counts recomputation: the
+    # fully checkpointed 70B reads 0.45 where 6N + attention gives 0.36), reads 0.40 for 13B where 6N + attention
+    # gives 0.34: ~0.54 of a forward recomputed, every 2nd block [derived]
     *(
         (
             f"IBM fms-fsdp Llama 2 {name}, 96 H100",
-            f"foundation-model-stack/fms-fsdp README ({tps} tokens/s/GPU)",
+            f"foundation-model-stack/fms-fsdp README @267bd4bb ({tps} tokens/s/GPU; {ac})",
             f"--model {ref} --cluster dgx-h100 --nodes 12 --zero-stage 3 --micro-batch 2 --global-batch 192 "
-            f"--recompute {rc} --flash-attention --seq-length 4096",
+            f"--recompute {rc} --flash-attention --seq-length 4096 --fsdp bf16",
             "tok",
             tps,
             "Hopper, PyTorch FSDP, bf16",
         )
-        for name, ref, rc, tps in (
-            ("7B", "llama-7b", "none", 7500),
-            ("13B", f"{M}/llama2-13b.yaml", "selective", 3800),
-            ("70B", f"{M}/llama2-70b.yaml", "full", 800),
+        for name, ref, rc, ac, tps in (
+            ("7B", "llama-7b", "none", "HSDP, no AC", 7500),
+            (
+                "13B",
+                f"{M}/llama2-13b.yaml",
+                "full --recompute-every 2",
+                "selective AC: every 2nd block",
+                3800,
+            ),
+            ("70B", f"{M}/llama2-70b.yaml", "full", "full AC", 800),
         )
     ),
 ]

@@ -36,6 +36,38 @@ RULE_CASES = [
         dict(comm_overlap=True),
         r"--comm-overlap: Megatron-Core's overlaps",
     ),
+    (
+        "fsdp_shards_as_zero2_or_3",
+        "gpt2",
+        "dgx-a100-80g",
+        {},
+        dict(fsdp="fp32", zero_stage=1),
+        r"--fsdp: PyTorch FSDP shards as ZeRO-2 \(SHARD_GRAD_OP\) or ZeRO-3 \(FULL_SHARD\), not ZeRO-1",
+    ),
+    (
+        "pytorch_fsdp_runtime_only",
+        "gpt2",
+        "dgx-a100-80g",
+        {},
+        dict(fsdp="bf16", zero_stage=3),
+        r"--fsdp: PyTorch FSDP's runtime",
+    ),
+    (
+        "recompute_every_needs_full",
+        "gpt2",
+        "dgx-a100-80g",
+        {},
+        dict(recompute="selective", recompute_every=2),
+        r"--recompute-every: checkpoints every K-th block of --recompute full, not --recompute selective",
+    ),
+    (
+        "recompute_every_runtime_only",
+        "gpt2",
+        "dgx-a100-80g",
+        {},
+        dict(recompute="full", recompute_every=2),
+        r"--recompute-every: torchtitan's and fms-fsdp's block-interval checkpointing",
+    ),
     ("tp_divides_heads", "gpt2", "dgx-a100-80g", {}, dict(tp=8), r"--tp: n_heads\(12\)"),
     ("pp_le_layers", "tiny-gpt2", "dgx-a100-80g", {}, dict(pp=8), r"--pp: pp\(8\) exceeds n_layers\(4\)"),
     (
@@ -170,7 +202,7 @@ RULE_CASES = [
         {},
         dict(precision="fp8"),
         r"^--precision: fp8 needs FP8 tensor cores .* dgx-a100-80g has no FP8 tensor cores; GPUs with FP8: "
-        r"h100-nvl, h100-pcie-80gb, h100-sxm5-80gb, h200-sxm-141gb, l40s, l4",
+        r"h100-nvl, h100-pcie-80gb, h100-sxm5-80gb, h100-sxm5-96gb-500w, h200-sxm-141gb, l40s, l4",
     ),
     (
         "fp8_converts_hf_linear_layers",

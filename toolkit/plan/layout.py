@@ -50,6 +50,7 @@ LAYOUT_FLAGS: dict[str, str] = {
     "global_batch_size": "--global-batch",
     "gradient_accumulation_steps": "--grad-accum",
     "recompute": "--recompute",
+    "recompute_every": "--recompute-every",
     "offload_optimizer": "--offload-optimizer",
     "offload_param": "--offload-param",
     "offload_activations": "--offload-activations",
@@ -62,6 +63,7 @@ LAYOUT_FLAGS: dict[str, str] = {
     "flash_attention": "--flash-attention",
     "virtual_stages": "--virtual-stages",
     "comm_overlap": "--comm-overlap",
+    "fsdp": "--fsdp",
     "lora": "--lora",
 }
 
@@ -89,6 +91,11 @@ class LayoutRequest(BaseModel):
     """Micro-batches per optimizer step (default: derived from the global batch, else 1)."""
     recompute: Recompute = "none"
     """Activation recomputation: none, selective (attention core, Korthikanti et al.), or full."""
+    recompute_every: int | None = Field(default=None, gt=0)
+    """With --recompute full: checkpoint only every K-th block, the others keep all their activations
+    (torchtitan's `selective_ac_option = K`, fms-fsdp's `selective_checkpointing = K` before 2024-03-21:
+    `count % K == 0` in both); `dstk estimate` only, for published runs — DeepSpeed and Megatron checkpoint
+    every block. Unset: every block."""
     offload_optimizer: OffloadDevice = "none"
     """Where ZeRO keeps optimizer states (ZeRO-Offload / ZeRO-Infinity)."""
     offload_param: OffloadDevice = "none"
@@ -131,6 +138,14 @@ class LayoutRequest(BaseModel):
     (`--overlap-grad-reduce --overlap-param-gather`), and Transformer Engine's userbuffers hiding each TP
     collective behind the GEMM beside it (`--tp-comm-overlap`). Off: DeepSpeed's schedule, where ZeRO-1/2's
     all-gather of updated parameters follows the step and TP collectives sit between GEMMs."""
+    fsdp: Literal["bf16", "fp32"] | None = None
+    """PyTorch FSDP's runtime instead of DeepSpeed's (`dstk estimate` only, for published FSDP runs), named by
+    the dtype it reduce-scatters gradients in (`MixedPrecision(reduce_dtype=...)`): ZeRO-3 prices FULL_SHARD,
+    ZeRO-2 SHARD_GRAD_OP. FSDP all-gathers each wrapped block's flat parameter in one call, one block ahead of
+    the compute that needs it, and reduce-scatters each block's gradients in one call as its backward ends;
+    only the first gather and the last reduce-scatter of a micro-batch cannot overlap (PyTorch's FSDP notes,
+    "FSDP Prefetch Nuances"; FSDP2's `fully_shard` per block). Off: DeepSpeed's ZeRO, which gathers module by
+    module in prefetch buckets and reduces in gradient buckets."""
     lora: str | None = None
     """LoRA fine-tuning, e.g. `r=16,alpha=32[,dropout=0.05][,targets=q_proj+v_proj]`: adapters train, the
     base weights are frozen (no gradients or optimizer states for them); see toolkit/plan/lora.py."""

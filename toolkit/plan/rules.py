@@ -265,6 +265,34 @@ def _megatron_core_only(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int)
     return None
 
 
+def _fsdp_shards_as_zero(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """PyTorch FSDP's sharding strategies map onto ZeRO-2 (SHARD_GRAD_OP) and ZeRO-3 (FULL_SHARD)."""
+    if r.fsdp is not None and r.zero_stage not in (2, 3):
+        return f"--fsdp: PyTorch FSDP shards as ZeRO-2 (SHARD_GRAD_OP) or ZeRO-3 (FULL_SHARD), not ZeRO-{r.zero_stage}"
+    return None
+
+
+def _recompute_every_needs_full(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """Checkpointing every K-th block is a thinning of full recomputation."""
+    if r.recompute_every is not None and r.recompute != "full":
+        return f"--recompute-every: checkpoints every K-th block of --recompute full, not --recompute {r.recompute}"
+    return None
+
+
+def _recompute_every_runtime_only(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """Block-interval checkpointing is a runtime dstk prices (torchtitan, fms-fsdp) but does not configure."""
+    if r.recompute_every is not None and r.recompute_every > 1:
+        return "--recompute-every: torchtitan's and fms-fsdp's block-interval checkpointing; DeepSpeed and Megatron checkpoint every block"
+    return None
+
+
+def _pytorch_fsdp_only(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """PyTorch FSDP is a runtime dstk prices (published FSDP runs, `dstk estimate`) but does not configure."""
+    if r.fsdp is not None:
+        return "--fsdp: PyTorch FSDP's runtime; dstk configures DeepSpeed's ZeRO (and Megatron-DeepSpeed), not FSDP"
+    return None
+
+
 RULES: tuple[Rule, ...] = (
     Rule("tp_divides_heads", _tp_divides_heads),
     Rule("virtual_stages_need_pp", _virtual_stages_need_pp),
@@ -291,6 +319,10 @@ RULES: tuple[Rule, ...] = (
     Rule("tp_sequence_parallel_needs_megatron", _tp_sp_needs_megatron, scope="deepspeed"),
     Rule("hf_attention_is_the_runtime", _hf_attention_is_the_runtime, scope="deepspeed"),
     Rule("megatron_core_runtime_only", _megatron_core_only, scope="runs"),
+    Rule("fsdp_shards_as_zero2_or_3", _fsdp_shards_as_zero),
+    Rule("pytorch_fsdp_runtime_only", _pytorch_fsdp_only, scope="runs"),
+    Rule("recompute_every_needs_full", _recompute_every_needs_full),
+    Rule("recompute_every_runtime_only", _recompute_every_runtime_only, scope="runs"),
     Rule("lora_targets_exist", _lora_targets),
     Rule("lora_is_data_parallel", _lora_data_parallel, scope="deepspeed"),
     Rule("fp8_converts_hf_linear_layers", _cluster_free(fp8_support.torchao_converts), scope="deepspeed"),

@@ -274,6 +274,10 @@ class ClusterSpec(BaseModel):
     collective_latency_us: float = Field(default=10, ge=0)
     """Host cost of issuing one collective call, microseconds, beyond the latency of the algorithm NCCL runs
     (toolkit.plan.cost.comm); on the CPU accelerator the whole per-call cost of gloo, as calibrated."""
+    collective_sm_count: int | None = Field(default=None, ge=0)
+    """SMs one NCCL collective kernel holds (one CTA per channel) while it runs beside compute on another
+    stream: the GEMMs and attention that overlap it run on the rest, with the rest's wave quantization
+    (toolkit.plan.cost.timing, `overlap_slowdown`). Unset: overlapped traffic costs compute nothing."""
     nccl_ll128_across_nodes: bool = False
     """NCCL runs its LL128 protocol over the network: on Hopper and newer GPUs only (NCCL tuning.cc:518-536,
     `NCCL_LL128` enabled up to PXN paths on sm90+, up to PXB before), so on an A100 cluster a medium message

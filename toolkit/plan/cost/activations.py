@@ -167,6 +167,14 @@ def per_micro_activations(model: ModelSpec, layout: Layout, blocks: int, moe_blo
     recompute = attention_recompute(layout.recompute, flash_attention(model, layout))
     per_micro = (blocks - moe_blocks) * block_bytes(model, recompute=recompute, **kwargs)
     per_micro += moe_blocks * block_bytes(model, recompute=recompute, moe=True, **kwargs)
+    every = layout.recompute_every or 1
+    if layout.recompute == "full" and every > 1 and blocks:
+        # only blocks // every blocks are checkpointed; the others keep what they keep without recomputation
+        kept = attention_recompute("none", flash_attention(model, layout))
+        whole = (blocks - moe_blocks) * block_bytes(model, recompute=kept, **kwargs)
+        whole += moe_blocks * block_bytes(model, recompute=kept, moe=True, **kwargs)
+        share = (blocks // every) / blocks
+        per_micro = share * per_micro + (1 - share) * whole
     return per_micro
 
 

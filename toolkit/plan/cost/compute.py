@@ -15,7 +15,8 @@ issues and computes, so the per-op cost (dispatch plus autograd bookkeeping) add
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from toolkit.plan.architectures import ACTIVATIONS
 from toolkit.plan.cost.activations import MASK_BYTES
@@ -286,12 +287,14 @@ def stage_compute(
     flash: bool = False,
     ep: int = 1,
     fp8: Fp8Gemms | None = None,
+    recompute_every: int = 1,
 ) -> StageCompute:
     """Forward, backward and recomputation seconds of one micro-batch on one rank of a pipeline stage.
 
     Blocks by `block_time`; the last stage adds the LM head (2·h·V FLOPs per token forward, vocabulary-parallel,
     in the training precision even in fp8) and its softmax, whose backward is two forwards (one `frozen`).
-    Full recomputation repeats the forward, selective the attention core.
+    Full recomputation repeats the forward, selective the attention core; full with `recompute_every` K > 1
+    repeats the forward of the stage's blocks whose count is a multiple of K (blocks // K of them).
     """
     tokens = micro_batch * model.seq_length
     common = dict(
@@ -322,4 +325,30 @@ def stage_compute(
         head += (e + 8) * tokens / sp * model.vocab_size / tp / hbm  # upcast + log-softmax of the logits
         fwd, bwd = fwd + head, bwd + (1 if frozen else 2) * head
     recompute_s = fwd if recompute == "full" else attention_fwd if recompute == "selective" else 0.0
+    blocks = dense_layers + moe_layers
+    if recompute == "full" and recompute_every > 1 and blocks:
+        recompute_s = (fwd - (head if last else 0.0)) * (blocks // recompute_every) / blocks
     return StageCompute(forward_s=fwd, backward_s=bwd, recompute_s=recompute_s, per_step_s=per_step)
+
+
+def slowed_by_collectives(
+    model: ModelSpec,
+    pc: ParamCount,
+    cluster: ClusterSpec,
+    stage: dict[str, Any],
+    peak: float,
+    fp8: Fp8Gemms | None,
+    total_s: float,
+) -> float:
+    """How much slower a micro-batch of `stage` (stage_compute's keywords; `total_s` its time alone) computes
+    while a collective runs beside it: NCCL's kernel holds `collective_sm_count` SMs (one CTA per channel), so
+    the GEMMs and attention run on the rest — at their share of the peak and with the rest's wave quantization
+    (a GEMM sized for 132 SMs in one wave needs two on 108). 1 where the cluster does not say what NCCL holds
+    (the A100 and CPU presets)."""
+    held, sms = cluster.collective_sm_count, cluster.gpu_sm_count
+    if not held or not sms or held >= sms or cluster.accelerator == "cpu" or total_s <= 0:
+        return 1.0
+    share = (sms - held) / sms
+    rest = cluster.model_copy(update={"gpu_sm_count": sms - held})
+    fp8_rest = None if fp8 is None else replace(fp8, peak=fp8.peak * share)
+    return stage_compute(model, pc, rest, **stage, peak=peak * share, fp8=fp8_rest).total_s / total_s

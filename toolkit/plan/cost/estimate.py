@@ -10,12 +10,12 @@ et al. 2022), :mod:`toolkit.plan.cost.compute` (roofline GEMMs), :mod:`toolkit.p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from toolkit.plan.checkpoint_interval import CheckpointPlan, checkpoint_plan
 from toolkit.plan.cost import activations as act
-from toolkit.plan.cost.compute import block_linears, stage_compute
+from toolkit.plan.cost.compute import block_linears, slowed_by_collectives, stage_compute
 from toolkit.plan.cost.flops import hardware_flops_per_token, model_flops_per_token, model_tflops_per_gpu
 from toolkit.plan.cost.fp8 import cast_transient_bytes, fp8_gemms, weight_copies_bytes
 from toolkit.plan.cost.memory import GIB, HOST_USABLE, Memory, rank_params, stage_memory
@@ -97,7 +97,9 @@ class Estimate:
     @property
     def hardware_flops_per_token(self) -> float:
         """Model FLOPs per token plus what this layout computes again (recomputation, expert padding)."""
-        return hardware_flops_per_token(self.model, self.layout.recompute, self.layout.lora is not None)
+        return hardware_flops_per_token(
+            self.model, self.layout.recompute, self.layout.lora is not None, self.layout.recompute_every or 1
+        )
 
     @property
     def tflops_per_gpu(self) -> float:
@@ -355,15 +357,13 @@ def estimate(
     fp8 = fp8_gemms(cluster, layout.fp8_recipe)
     memory = estimate_memory(model, cluster, layout, knobs)
     slowest: StageLoad | None = None
+    slowest_stage: dict[str, Any] = {}
     for st in _candidate_stages(model, layout):
         first, last = st.index == 0, st.index == layout.pp - 1
         rank = rank_params(
             pc, layout, st.blocks, st.moe_blocks, first, last, knobs.stage3_param_persistence_threshold
         )
-        compute = stage_compute(
-            model,
-            pc,
-            cluster,
+        stage = dict(
             micro_batch=layout.micro_batch_size,
             e=e,
             tp=layout.tp,
@@ -372,14 +372,14 @@ def estimate(
             moe_layers=st.moe_blocks,
             last=last,
             recompute=layout.recompute,
+            recompute_every=layout.recompute_every or 1,
             flash=act.flash_attention(model, layout),
             sequence_parallel=layout.tp_sequence_parallel,
-            peak=peak,
             frozen=layout.lora is not None,
             fused_kernels=layout.fused_kernels,
             ep=layout.ep,
-            fp8=fp8,
         )
+        compute = stage_compute(model, pc, cluster, **stage, peak=peak, fp8=fp8)
         trainable = _lora_params(model, layout, st.blocks)
         load = StageLoad(
             compute=compute,
@@ -389,7 +389,14 @@ def estimate(
             n_moe_blocks=st.moe_blocks,
         )
         if slowest is None or compute.total_s > slowest.compute.total_s:
-            slowest = load
+            slowest, slowest_stage = load, stage
     assert slowest is not None
+    # ZeRO-2/3, FSDP and Megatron-Core's overlaps run data-parallel collectives beside compute (ZeRO-0/1's follow
+    # backward): price that compute on the SMs NCCL leaves it
+    if layout.dp > 1 and (layout.zero_stage >= 2 or layout.comm_overlap or layout.fsdp is not None):
+        slowdown = slowed_by_collectives(
+            model, pc, cluster, slowest_stage, peak, fp8, slowest.compute.total_s
+        )
+        slowest = replace(slowest, overlap_slowdown=slowdown)
     time = step_time(model, cluster, layout, slowest, knobs)
     return Estimate(model=model, cluster=cluster, layout=layout, knobs=knobs, memory=memory, time=time)

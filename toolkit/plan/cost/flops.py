@@ -53,19 +53,23 @@ def model_tflops_per_gpu(
     return model_flops_per_token(model, frozen) * tokens_per_s / world_size / 1e12
 
 
-def hardware_flops_per_token(model: ModelSpec, recompute: str, frozen: bool = False) -> float:
+def hardware_flops_per_token(
+    model: ModelSpec, recompute: str, frozen: bool = False, recompute_every: int = 1
+) -> float:
     """FLOPs the accelerators execute per token: model FLOPs, plus expert capacity padding and recomputation.
 
     Experts compute on capacity-padded buffers (capacity factor × routed tokens; a factor below 1 drops
-    tokens, which the model FLOPs still count). Full recomputation repeats the forward, padding included;
-    selective recomputation repeats the attention core.
+    tokens, which the model FLOPs still count). Full recomputation repeats the forward, padding included (of
+    n_layers // recompute_every blocks when only every K-th is checkpointed); selective recomputation repeats the
+    attention core.
     """
     pc = count_params(model)
     padding = pc.n_moe_layers * pc.moe_top_k * pc.expert * max(0.0, model.moe_capacity_factor - 1)
     attention_forward = attention_flops_per_token(model) / 3
     total = model_flops_per_token(model, frozen) + (4 if frozen else 6) * padding
     if recompute == "full":
-        total += 2 * (matmul_params(model) + padding) + attention_forward
+        share = (model.n_layers // recompute_every) / model.n_layers if recompute_every > 1 else 1.0
+        total += share * (2 * (matmul_params(model) + padding) + attention_forward)
     elif recompute == "selective":
         total += attention_forward
     return total

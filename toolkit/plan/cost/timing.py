@@ -18,6 +18,8 @@ Data-parallel traffic per ZeRO stage, as DeepSpeed schedules it (Rajbhandari et 
 - stage 3: per micro-batch an all-gather of parameters for forward and one for backward, prefetched behind
   compute, and a reduce-scatter of gradients behind backward (3Ψ per micro-batch instead of 2Ψ per step).
 Only what does not fit in the compute it overlaps with, plus one bucket that cannot overlap, is exposed.
+PyTorch FSDP (`--fsdp`, published FSDP runs) moves the same volumes per micro-batch in one all-gather and one
+reduce-scatter per wrapped block, a block ahead of compute (`_fsdp_exposed_s`).
 """
 
 from __future__ import annotations
@@ -83,6 +85,22 @@ class StageLoad:
     """Expert parameters on the rank (after EP, before ZeRO)."""
     n_blocks: int
     n_moe_blocks: int
+    overlap_slowdown: float = 1.0
+    """Compute time per unit of work while a data-parallel collective runs beside it (NCCL's kernel holds some
+    SMs; toolkit.plan.cost.compute.slowed_by_collectives); 1 where nothing overlaps."""
+
+
+def _behind(comm_s: float, compute_s: float, slowdown: float) -> float:
+    """Seconds a collective of `comm_s` adds when it runs beside `compute_s` of compute that it slows by
+    `slowdown` while it holds its SMs: the compute done meanwhile advances at 1/slowdown, so the pair takes
+    max(comm, compute + comm·(1 − 1/slowdown)). Lee et al. 2025 ("Characterizing Compute-Communication Overlap
+    in GPU-Accelerated Distributed Deep Learning", arXiv:2507.03114) measure 18.9 % average compute slowdown
+    under overlap on A100/H100/MI250/MI210; NVIDIA's developer forum ("Compute-Communication Overlap Causes
+    Severe GEMM Performance Degradation because of Tail Effect", 2025) shows an H100 all-gather holding 24 of
+    132 SMs and a one-wave GEMM beside it taking two waves."""
+    if comm_s <= 0:
+        return 0.0
+    return max(comm_s - compute_s, comm_s * (1 - 1 / slowdown), 0.0)
 
 
 def _groups(layout: Layout, cluster: ClusterSpec) -> dict[str, comm.Group]:
@@ -131,7 +149,8 @@ def _tp_comm_s(model: ModelSpec, cluster: ClusterSpec, layout: Layout, load: Sta
     if layout.tp == 1:
         return 0.0
     tokens = layout.micro_batch_size * model.seq_length / layout.sp
-    calls = load.n_blocks * (6 if layout.recompute == "full" else 4)
+    rebuilt = load.n_blocks // (layout.recompute_every or 1) if layout.recompute == "full" else 0
+    calls = 4 * load.n_blocks + 2 * rebuilt
     return calls * comm.all_reduce_s(tokens * model.hidden_size * e, _groups(layout, cluster)["tp"], cluster)
 
 
@@ -163,6 +182,7 @@ def _dp_exposed_s(
     fp32_grads = layout.precision == "fp32" or (layout.zero_stage == 0 and layout.pp > 1)
     grad_e = 4 if fp32_grads else 2
     fwd, bwd = load.compute.forward_s, load.compute.backward_s + load.compute.recompute_s
+    slow = load.overlap_slowdown
     if cluster.accelerator == "cpu":
         fwd = bwd = 0.0  # on the CPU accelerator the same cores run gloo and the math: nothing overlaps
     tail = exposed = 0.0
@@ -176,7 +196,9 @@ def _dp_exposed_s(
             reduce_one = comm.reduce_scatter_s(params * grad_e, grp, cluster, calls=buckets)
         gathers = _gather_calls(model, load, params, knobs)
         tail = max(tail, comm.all_reduce_s(min(knobs.reduce_bucket_size, params) * grad_e, grp, cluster))
-        if layout.optimizer != "adamw":
+        if layout.fsdp is not None:
+            exposed += m * _fsdp_exposed_s(params, grp, cluster, layout, load, e, fwd, bwd)
+        elif layout.optimizer != "adamw":
             exposed += _onebit_allreduce_s(params, grp, cluster, layout)
         elif layout.zero_stage == 0:
             # the engine's buffered all-reduce after backward, in 5e8-element buffers (engine.py)
@@ -187,8 +209,8 @@ def _dp_exposed_s(
             gather = comm.all_gather_s(
                 params * e, grp, cluster, calls=max(1.0, params / knobs.allgather_bucket_size)
             )
-            gather = max(0.0, gather - fwd) if layout.comm_overlap else gather
-            exposed += (m if layout.zero_stage == 2 else 1) * max(0.0, reduce_one - bwd) + gather
+            gather = _behind(gather, fwd, slow) if layout.comm_overlap else gather
+            exposed += (m if layout.zero_stage == 2 else 1) * _behind(reduce_one, bwd, slow) + gather
         elif layout.zeropp:
             # ZeRO++ (Wang et al. 2023): int8 weights forward (+ fp32 scale per 2048 values), backward gathers
             # from the secondary partition inside the node, int4 gradients reduce-scattered
@@ -197,11 +219,50 @@ def _dp_exposed_s(
             gather_fwd = comm.all_gather_s(params * (1 + 4 / 2048), grp, cluster, calls=gathers)
             gather_bwd = comm.all_gather_s(params * e, hpz, cluster, calls=gathers)
             reduce_q = comm.reduce_scatter_s(params * (0.5 + 4 / 2048), grp, cluster, calls=buckets)
-            exposed += m * (max(0.0, gather_fwd - fwd) + max(0.0, gather_bwd + reduce_q - bwd))
+            exposed += m * (_behind(gather_fwd, fwd, slow) + _behind(gather_bwd + reduce_q, bwd, slow))
         else:
             gather = comm.all_gather_s(params * e, grp, cluster, calls=gathers)
-            exposed += m * (max(0.0, gather - fwd) + max(0.0, gather + reduce_one - bwd))
-    return exposed + (tail if layout.zero_stage else 0.0)
+            exposed += m * (_behind(gather, fwd, slow) + _behind(gather + reduce_one, bwd, slow))
+    return exposed + (tail if layout.zero_stage and layout.fsdp is None else 0.0)
+
+
+def _fsdp_exposed_s(
+    params: float,
+    grp: comm.Group,
+    cluster: ClusterSpec,
+    layout: Layout,
+    load: StageLoad,
+    e: int,
+    fwd: float,
+    bwd: float,
+) -> float:
+    """PyTorch FSDP's data-parallel traffic of one micro-batch that compute does not hide.
+
+    FSDP wraps each block (llm-foundry's `fsdp_wrap_fn`, torchtitan's `fully_shard` per TransformerBlock,
+    fms-fsdp's LLaMABlock policy) plus the root (embedding, final norm, head): one flat parameter per unit,
+    all-gathered in one NCCL call and, in backward, reduce-scatter in one call (FSDP1 `FlatParameter`; FSDP2
+    `FSDPParamGroup`). Forward issues unit i+1's all-gather on its own stream while unit i computes (implicit
+    prefetch; "the 1st all-gather will not be able to overlap with anything", PyTorch's FSDP notes), backward
+    prefetches the next unit's gather (BACKWARD_PRE, FSDP2's reverse post-forward order) and reduce-scatters
+    each unit's gradients as they are produced, so only the first gather and the last reduce-scatter are
+    exposed, plus whatever the rest does not fit in the compute beside it. FULL_SHARD (ZeRO-3) gathers again
+    in backward; SHARD_GRAD_OP (ZeRO-2) keeps the gathered parameters until backward ends. Gradients are
+    reduced in `layout.fsdp`'s dtype (MixedPrecision.reduce_dtype: fp32 for llm-foundry's `DEFAULT` and
+    torchtitan, bf16 for fms-fsdp's `bfSixteen`). FSDP has no post-step gather: the optimizer updates the
+    local shard in place."""
+    units = load.n_blocks + 1
+    grad_e = 4 if layout.fsdp == "fp32" else 2
+    gather = comm.all_gather_s(params * e, grp, cluster, calls=units)
+    reduce = comm.reduce_scatter_s(params * grad_e, grp, cluster, calls=units)
+    gather_one, reduce_one = gather / units, reduce / units
+    backward_gather = gather if layout.zero_stage == 3 else 0.0
+    slow = load.overlap_slowdown
+    return (
+        gather_one
+        + _behind(gather - gather_one, fwd, slow)
+        + reduce_one
+        + _behind(backward_gather + reduce - reduce_one, bwd, slow)
+    )
 
 
 def _onebit_allreduce_s(params: float, grp: comm.Group, cluster: ClusterSpec, layout: Layout) -> float:
