@@ -12,6 +12,7 @@ import argparse
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -94,18 +95,19 @@ def run(args: argparse.Namespace) -> int:
         _write(args.output, text)
     if args.json:
         print_json(results)
+    _say(results, took, args.output, cached)
+    return 0
+
+
+def _say(results: list[dict[str, Any]], took: float, output: Path | None, cached: Path) -> None:
+    """What was measured and where it was written."""
     rates = results[0]["large_tflops"]
     print(
         f"measured in {took:.0f} s: "
         + ", ".join(f"{p} {v * 1e3:,.3g} GFLOP/s" for p, v in rates.items())
         + f" per rank; fastest precision {results[0]['precision']}"
     )
-    print(
-        f"wrote {args.output or cached}"
-        + (f" and {cached}" if args.output else "")
-        + "; --cluster local uses it"
-    )
-    return 0
+    print(f"wrote {output or cached}" + (f" and {cached}" if output else "") + "; --cluster local uses it")
 
 
 def _write(path: Path, text: str) -> None:

@@ -292,6 +292,14 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.validate:
         _validate(cfg, layout, cluster.accelerator)
+    _write(args, model, cluster, layout, cfg)
+    return 0
+
+
+def _write(args: argparse.Namespace, model: Any, cluster: Any, layout: Any, cfg: dict[str, Any]) -> None:
+    """The config (with --hf-trainer/--accelerate/--megatron, what those runtimes read) to -o, or stdout."""
+    from toolkit.integrations import ds_config
+
     if args.hf_trainer or args.accelerate or args.megatron:
         _write_targets(args, model, cluster, layout, cfg)
     elif str(args.output) == "-":
@@ -299,4 +307,3 @@ def run(args: argparse.Namespace) -> int:
     else:
         ds_config.write(cfg, args.output)
         print(f"wrote {args.output} ({' '.join(layout.flags())})", file=sys.stderr)
-    return 0

@@ -47,6 +47,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     cost = parser.add_argument_group("training cost (with --tokens)")
     add_option_fields(cost, CostRequest, {"tokens": "N", "price_per_gpu_hour": "X", "mfu": "M", "pue": "P"})
+    _add_output_args(parser)
+
+
+def _add_output_args(parser: argparse.ArgumentParser) -> None:
+    """What the answer holds besides the plan (a report, scaling rows, elastic sizes) and its format."""
     parser.add_argument(
         "--report",
         type=Path,
