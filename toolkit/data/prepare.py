@@ -40,6 +40,7 @@ import numpy as np
 from toolkit.data.dedup import Deduplicator
 from toolkit.data.explain import no_validation, nothing_kept
 from toolkit.data.filter import Survivors, batched, drops, filter_documents, is_validation, stage_counts
+from toolkit.data.integrity import record as file_record
 from toolkit.data.mix import check_mix, mixture_weights, select, shares, token_budgets
 from toolkit.data.options import PrepareOptions
 from toolkit.data.pack import pack, pack_chunks, write_split
@@ -362,6 +363,8 @@ def _run(job: _Job, inputs: list[str]) -> dict[str, Any]:
             "realised_shares": shares(chosen),
         },
         "options": options.model_dump(mode="json"),
+        # shard sizes and tokenizer hashes: what the pre-flight checks (toolkit.data.integrity)
+        **file_record(job.dataset),
     }
     (job.dataset / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return manifest
