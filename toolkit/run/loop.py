@@ -15,19 +15,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from toolkit.data.dynamic import Batching, resolve, scheduled_lrs, set_lrs
-from toolkit.data.loader import DynamicLoader, Step, TrainLoader, load_split
+from toolkit.data.dynamic import Batching, resolve
+from toolkit.data.loader import DynamicLoader, TrainLoader, load_split
 from toolkit.errors import UserError
 from toolkit.plan.layout import Layout, data_parallel_size
 from toolkit.plan.specs import ModelSpec
 from toolkit.run.comms_log import CommsTally
 from toolkit.run.engine_state import held_bytes
 from toolkit.run.evaluate import evaluate
-from toolkit.run.loop_state import LEAN_STEPS, LoopOptions, Record, gather
-from toolkit.run.metrics import Logger, Meter, current_rss_bytes, peak_memory_bytes
+from toolkit.run.loop_state import LEAN_STEPS, LoopOptions, Record, begin_step, gather
+from toolkit.run.metrics import LeanPeak, Logger, Meter, current_rss_bytes, peak_memory_bytes
 from toolkit.run.preflight import data_fingerprint
 from toolkit.run.rollback import roll_back
-from toolkit.run.runtime import Runtime, allow_heap_reuse, rng_state, set_rng_state
+from toolkit.run.runtime import Runtime, rng_state, set_rng_state
 from toolkit.run.stability import (
     CLEAR,
     Fault,
@@ -125,10 +125,8 @@ class Trainer:
         """The newest record read."""
         self.comms = CommsTally()
         """DeepSpeed's comms logger drained every step, when the config asks for it (toolkit.run.comms_log)."""
-        self._steps_here = 0
-        """Optimizer steps this process has run (resumed runs start counting again)."""
-        self._lean_peak: int | None = None
-        """Peak memory of this rank over set-up and the first LEAN_STEPS steps (see `_after_step`)."""
+        self.lean = LeanPeak(rt.accelerator)
+        """Peak memory over set-up and the first LEAN_STEPS steps, then heap reuse (toolkit.run.metrics)."""
 
     def resume(self, tag: str) -> None:
         client_state = self._load(tag)
@@ -264,7 +262,7 @@ class Trainer:
             losses = [self._micro_step(b, measure=first, aux=aux, fault=fault) for b in batches]
         if first:
             self.record.model_states["after_step"] = gather(held_bytes(self.engine)["model_states"])
-        self._after_step()
+        self.lean.after_step()
         if self.guard is not None:
             self.guard.apply_lr(self.engine)  # the scheduler has just set the next step's rate
         norm = engine_grad_norm(self.engine)
@@ -307,7 +305,7 @@ class Trainer:
         try:
             while self.step < self.opts.steps:
                 collector.step(self.step)
-                self._train_step(self._begin_step(next(steps)))
+                self._train_step(begin_step(self, next(steps)))
                 self.step += 1
                 self.position = loader.position
                 save_due = save_due or bool(self.opts.save_every and self.step % self.opts.save_every == 0)
@@ -359,29 +357,6 @@ class Trainer:
             steps.close()
             collector.close()
 
-    def _begin_step(self, item: list[Any] | Step) -> list[Any]:
-        """The micro-batches of the next step. A dynamic step also sets the step's learning rate — the
-        schedule's rate × the batch's factor (toolkit.data.dynamic.lr_factor) × the spike guard's scale, on
-        every rank alike (the plan is global) — and the tokens the throughput figures count."""
-        if not isinstance(item, Step):
-            return item
-        assert self.batching is not None
-        plan = item.plan
-        factor = self.batching.lr_factor(plan.tokens)
-        guard = self.guard.lr_scale if self.guard is not None else 1.0
-        lrs = scheduled_lrs(self.engine.lr_scheduler, self._initial_lrs)
-        rates = set_lrs(self.engine.optimizer.param_groups, lrs, factor * guard)
-        self.meter.tokens_per_step = plan.tokens
-        self._step_values = {
-            "lr": rates[0],
-            "lr_factor": factor,
-            "tokens": plan.tokens,
-            "sequences": plan.rows,
-            "seq_length": plan.length,
-            "padding_fraction": plan.padding_fraction,
-        }
-        return item.micro_batches
-
     def _log(self, logger: Logger, rec: StepRecord) -> None:
         values = {
             "loss": rec.loss,
@@ -394,25 +369,10 @@ class Trainer:
             values["grad_norm"] = rec.grad_norm
         logger.log(self.step, values)
 
-    def _after_step(self) -> None:
-        """After this process's first LEAN_STEPS steps: note the peak memory, then let glibc reuse freed heap.
-
-        Until then the process runs with the 128 KiB mmap threshold `keep_large_blocks_in_mmap` set, so on
-        the CPU accelerator every large tensor is its own mapping and RSS is what is alive — the analogue of
-        CUDA's `max_memory_allocated`, which is what the cost model predicts. Afterwards `allow_heap_reuse`
-        keeps freed buffers in the heap: 22 % faster steps on CPU (63M GPT-2: 3.50 → 2.73 s), but RSS then
-        also holds free heap the allocator keeps (0.5–1.1 GiB above the prediction at ZeRO-1/2/3 on that
-        model when the switch came first), as CUDA's caching allocator holds reserved memory. `summary.json` reports both."""
-        self._steps_here += 1
-        if self._steps_here == LEAN_STEPS:
-            if self.rt.accelerator == "cpu":
-                self._lean_peak = peak_memory_bytes(self.rt.accelerator)
-            allow_heap_reuse()
-
     def peak_memory(self) -> list[int]:
         """Per rank: on an accelerator the whole run's peak allocation and the memory outside torch's pool; on
         CPU the peak RSS up to the allocator switch."""
-        return gather(self._lean_peak or peak_memory_bytes(self.rt.accelerator))
+        return gather(self.lean.peak())
 
     def peak_rss(self) -> list[int] | None:
         """Per rank on CPU: peak RSS over the whole run, free heap the allocator kept included."""

@@ -80,6 +80,33 @@ def mean_over_ranks(value: Any, rt: Runtime) -> float:
     return means_over_ranks([value], rt)[0]
 
 
+def begin_step(trainer: Any, item: Any) -> list[Any]:
+    """The micro-batches of a Trainer's next step (toolkit.run.loop). A dynamic step also sets the step's
+    learning rate — the schedule's rate × the batch's factor (toolkit.data.dynamic.lr_factor) × the spike
+    guard's scale, on every rank alike (the plan is global) — and the tokens the throughput figures count."""
+    from toolkit.data.dynamic import scheduled_lrs, set_lrs
+    from toolkit.data.loader import Step
+
+    if not isinstance(item, Step):
+        return item
+    assert trainer.batching is not None
+    plan = item.plan
+    factor = trainer.batching.lr_factor(plan.tokens)
+    guard = trainer.guard.lr_scale if trainer.guard is not None else 1.0
+    lrs = scheduled_lrs(trainer.engine.lr_scheduler, trainer._initial_lrs)
+    rates = set_lrs(trainer.engine.optimizer.param_groups, lrs, factor * guard)
+    trainer.meter.tokens_per_step = plan.tokens
+    trainer._step_values = {
+        "lr": rates[0],
+        "lr_factor": factor,
+        "tokens": plan.tokens,
+        "sequences": plan.rows,
+        "seq_length": plan.length,
+        "padding_fraction": plan.padding_fraction,
+    }
+    return item.micro_batches
+
+
 LEAN_STEPS = 2
 """Steps run with large tensors mmapped (RSS = live memory) before heap reuse is allowed; also the steps the
 step-time median leaves out (the first pays JIT and lazy optimizer-state creation, both pay page faults)."""
