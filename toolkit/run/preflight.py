@@ -130,6 +130,7 @@ def data_fingerprint(data_dir: Path | None) -> dict[str, Any] | None:
 
 def check_data(model: Any, data: Path) -> dict[str, Any]:
     """A prepared dataset that this model can train on: its manifest, or one line saying what is wrong."""
+    from toolkit.data.integrity import check_files
     from toolkit.data.prepare import MANIFEST
     from toolkit.paths import input_dir
 
@@ -154,6 +155,8 @@ def check_data(model: Any, data: Path) -> dict[str, Any]:
             f"--data: sequences of {manifest['seq_length']} exceed max_position_embeddings "
             f"{model.max_position_embeddings}; prepare the data with --seq-length {model.max_position_embeddings}"
         )
+    # every shard whole, the tokenizer the one it was tokenized with (toolkit.data.integrity)
+    check_files(data, manifest)
     return manifest
 
 
