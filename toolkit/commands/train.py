@@ -10,6 +10,8 @@ from pathlib import Path
 
 from toolkit.commands import add_model_args
 from toolkit.run.stability import GuardOptions
+from toolkit.run.stragglers import RATIO as STRAGGLER_RATIO
+from toolkit.run.stragglers import WINDOWS as STRAGGLER_WINDOWS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,6 +61,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "takes the newest of snapshots and checkpoints (default: the config's plan, else 0 = none)",
     )
     parser.add_argument(
+        "--on-save-error",
+        choices=("stop", "continue"),
+        default="stop",
+        help="a checkpoint that cannot be written (full disk, quota, permissions; the previous complete one "
+        "stays loadable): stop the run cleanly there, or keep training and try again at the next save",
+    )
+    parser.add_argument(
         "--resume",
         default="never",
         metavar="auto|never|TAG",
@@ -87,6 +96,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-every", type=int, default=10, metavar="N", help="log metrics every N steps")
     parser.add_argument("--seed", type=int, default=0, help="seed for weights, data order and dropout")
     parser.add_argument(
+        "--straggler-ratio",
+        type=float,
+        default=STRAGGLER_RATIO,
+        metavar="R",
+        help="name a rank that works R times as long as the others' median each step, in "
+        f"{STRAGGLER_WINDOWS} log windows in a row, in the log and summary.json (default {STRAGGLER_RATIO:g})",
+    )
+    parser.add_argument(
         "--cluster",
         metavar="C",
         help="cluster to predict against (default: `local`, this machine as detected, calibrated if "
@@ -112,7 +129,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--slow-snapshot", type=float, default=0.0, metavar="S", help=argparse.SUPPRESS)
     parser.add_argument(
-        "--inject-fault", action="append", metavar="STEP[+]:nan|spike", help=argparse.SUPPRESS
+        "--inject-fault", action="append", metavar="STEP[+]:nan|spike|slow[@RANK]", help=argparse.SUPPRESS
     )
 
 
@@ -212,6 +229,11 @@ def run(args: argparse.Namespace) -> int:
     summary = main(run)
     # stopped by SIGTERM/SIGINT (at a step boundary, checkpoint written): 128 + the signal, the shell convention
     code = 128 + summary["stopped_by"] if summary.get("stopped_by") else 0
+    errors = summary.get("save_errors") or []
+    if not code and (
+        summary.get("stopped_by_save_error") or (errors and errors[-1]["step"] >= summary["final_step"])
+    ):
+        code = 1  # the run's final state is in no complete checkpoint (toolkit.run.save_errors said why)
     if "LOCAL_RANK" in os.environ:
         from toolkit.run.runtime import exit_without_teardown
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from toolkit.run.metrics import LeanPeak, Logger, Meter, current_rss_bytes, peak
 from toolkit.run.preflight import data_fingerprint
 from toolkit.run.rollback import roll_back
 from toolkit.run.runtime import Runtime, rng_state, set_rng_state
+from toolkit.run.save_errors import SaveFailed
 from toolkit.run.stability import (
     CLEAR,
     Fault,
@@ -40,6 +42,7 @@ from toolkit.run.stability import (
     unclipped,
 )
 from toolkit.run.step_sync import ScheduledCollection, StepChannel, StepRecord, to_device
+from toolkit.run.stragglers import StragglerWatch
 from toolkit.run.tiers import Tiers
 
 
@@ -62,6 +65,8 @@ class Trainer:
         """toolkit.run.stop.StopRequest when the process listens for SIGTERM/SIGINT (session installs it)."""
         self.stopped_by = 0
         """The signal that stopped the run at a step boundary (0: it ran to the end)."""
+        self.save_failed = False
+        """A checkpoint could not be written and `--on-save-error stop` ended the run there."""
         self._states_measured = False
         self.sp: Any = None
         """toolkit.parallel.ulysses.SequenceParallel with --sp > 1 (session sets it): sliced batches, its loss."""
@@ -121,6 +126,12 @@ class Trainer:
         self.channel = StepChannel(rt)
         """Each step's loss, gradient norm, stop request and time, read back one step behind
         (toolkit.run.step_sync)."""
+        self.channel.forward_is_local = (
+            layout.zero_stage < 3 and layout.tp * layout.sp * layout.ep * layout.pp == 1
+        )
+        self.stragglers = StragglerWatch(opts.straggler_ratio)
+        """Which rank the others wait for, judged at log steps (toolkit.run.stragglers)."""
+        self.faults = tuple(f for f in opts.faults if f.rank in (None, rt.rank))
         self.last: StepRecord | None = None
         """The newest record read."""
         self.comms = CommsTally()
@@ -183,6 +194,7 @@ class Trainer:
             loss = logged = out.loss
         else:
             loss, logged = self.sp.loss(batch)  # this rank's share to back-propagate, the batch's mean
+        self.channel.forward_done()
         if self.aux_loss is not None:
             router = self.aux_loss.pop()
             aux.append(router.detach())
@@ -237,7 +249,11 @@ class Trainer:
         }
         if self.guard is not None:
             extra["guard"] = self.guard.state()
-        self.ckpt.save(self.engine, self.step, self.position, extra, self._rank_state(), fault, tier)
+        try:
+            self.ckpt.save(self.engine, self.step, self.position, extra, self._rank_state(), fault, tier)
+        except SaveFailed:
+            self.save_failed = True  # on every rank alike (toolkit.run.save_errors)
+            raise
         self.saved_steps.append(self.step)
         self._rolled_back_to = None
 
@@ -249,7 +265,7 @@ class Trainer:
         first = not self._states_measured and (self.step >= 1 or self.opts.steps == 1)
         self._states_measured = self._states_measured or first
         gb = self.layout.global_batch_size
-        fault = next((f for f in self.opts.faults if f.fires(self.step + 1, self.position, gb)), None)
+        fault = next((f for f in self.faults if f.fires(self.step + 1, self.position, gb)), None)
         if fault is not None and fault.kind == "slow":
             time.sleep(0.5)
         aux: list[Any] = []
@@ -279,6 +295,7 @@ class Trainer:
             self.record.losses.append(rec.loss)
             self.record.aux_losses.extend(rec.aux)
             self.meter.add(rec.seconds, rec.period)
+            self.stragglers.add(rec.step, rec.period, rec.alone)
             if rec.stop and not self.stopped_by:
                 # SIGTERM's convention when another rank got it first
                 self.stopped_by = (self.stop.signum if self.stop is not None else 0) or 15
@@ -296,6 +313,7 @@ class Trainer:
         return self.guard is not None or save_due or snapshot or last or step % self.opts.log_every == 0
 
     def run(self, logger: Logger) -> None:
+        self.start_position = self.position
         if self.guard is not None and self.step not in self.saved_steps:
             self.save()  # something to roll back to before the first periodic checkpoint
         loader = self._loader()
@@ -352,10 +370,12 @@ class Trainer:
                         self.save()
                     break
                 crash_if_asked(self.opts, self.step, self.resumed, self.rt.rank)
-            self.read(self.step)  # every step's record, before the run is summarized or saved
+        except SaveFailed:
+            pass  # --on-save-error stop: every rank ends here, the newest complete checkpoint intact
         finally:
             steps.close()
             collector.close()
+        self.read(self.step)  # every step's record, before the run is summarized or saved
 
     def _log(self, logger: Logger, rec: StepRecord) -> None:
         values = {
@@ -368,6 +388,9 @@ class Trainer:
         if rec.grad_norm is not None:
             values["grad_norm"] = rec.grad_norm
         logger.log(self.step, values)
+        for s in self.stragglers.check(self.step, self.rt):  # one small all-gather, at log steps only
+            logger.message(self.stragglers.message(s))
+            logger.event({"event": "straggler", "step": self.step, **asdict(s)})
 
     def peak_memory(self) -> list[int]:
         """Per rank: on an accelerator the whole run's peak allocation and the memory outside torch's pool; on

@@ -11,6 +11,7 @@ from toolkit.data.dynamic import DynamicOptions
 from toolkit.plan.specs import ClusterSpec, ModelSpec
 from toolkit.run.runtime import Runtime
 from toolkit.run.stability import Fault, GuardOptions
+from toolkit.run.stragglers import RATIO
 
 
 @dataclass
@@ -44,6 +45,12 @@ class LoopOptions:
     """The spike guard; it rolls back to checkpoints, so it needs a Checkpointer."""
     faults: tuple[Fault, ...] = ()
     """Test-only: faults to inject (see toolkit.run.stability.Fault)."""
+    straggler_ratio: float = RATIO
+    """A rank working this many times as long as the others' median, persistently, is named
+    (toolkit.run.stragglers)."""
+    on_save_error: str = "stop"
+    """A checkpoint that cannot be written (full disk, permissions): "stop" the run cleanly at that save, or
+    "continue" training and try again at the next (toolkit.run.save_errors)."""
     new_data: bool = False
     """A resume onto other data than the checkpoint's (--new-data): the data position starts at its first row."""
     batching: DynamicOptions | None = None

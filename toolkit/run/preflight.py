@@ -196,6 +196,10 @@ def prepare_run(args: Any, world: int) -> tuple[Any, list[str]]:
     for flag in ("save_every", "keep_last", "eval_every", "eval_rows", "log_every"):
         if (getattr(args, flag) or 0) < 0:
             raise UserError(f"--{flag.replace('_', '-')}: must not be negative")
+    if not args.straggler_ratio > 1:
+        raise UserError(
+            f"--straggler-ratio: must be above 1 (a rank as fast as the others), got {args.straggler_ratio:g}"
+        )
     if args.checkpoint_dir is None:
         for flag, given in (("--save-every", args.save_every), ("--resume", args.resume != "never")):
             if given:
@@ -255,6 +259,8 @@ def prepare_run(args: Any, world: int) -> tuple[Any, list[str]]:
         snapshot_every=snapshot_every,
         guard=guard_options(args),
         faults=tuple(Fault.parse(f) for f in args.inject_fault or ()),
+        straggler_ratio=args.straggler_ratio,
+        on_save_error=args.on_save_error,
         batching=batching_options(args, config),
         new_data=args.new_data,
     )

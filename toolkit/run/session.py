@@ -150,6 +150,7 @@ def _tiers(run: TrainRun, rank: int) -> Any:
 
     tiers = Tiers(run.checkpoint_dir, rank, run.keep_last, run.loop.async_save, run.loop.snapshot_every)
     tiers.memory.slow_s = run.loop.slow_snapshot_s
+    tiers.on_save_error(run.loop.on_save_error)
     return tiers
 
 
@@ -170,6 +171,7 @@ def _resume_tag(ckpt: Any, run: TrainRun) -> str | None:
 
 
 def main(run: TrainRun) -> dict[str, Any]:
+    import contextlib
     import warnings
 
     import deepspeed
@@ -182,6 +184,7 @@ def main(run: TrainRun) -> dict[str, Any]:
     from toolkit.run.models import build_model
     from toolkit.run.preflight import check_data
     from toolkit.run.runtime import init_distributed, seed_everything, shutdown
+    from toolkit.run.save_errors import SaveFailed
     from toolkit.run.summary import summarize
     from toolkit.run.universal import is_universal
 
@@ -280,10 +283,12 @@ def main(run: TrainRun) -> dict[str, Any]:
                     "frozen_max_abs_change": _max_change(frozen, engine.module, trainable=False),
                     "adapter_max_abs_change": _max_change(adapters, engine.module, trainable=True),
                 }
-            if ckpt is not None and not ckpt.on_disk(trainer.step):
-                trainer.save()  # the final state, unless a checkpoint already holds it
+            if ckpt is not None and not ckpt.on_disk(trainer.step) and not trainer.save_failed:
+                with contextlib.suppress(SaveFailed):  # said in one line; the summary records it
+                    trainer.save()  # the final state, unless a checkpoint already holds it
         if ckpt is not None:
-            ckpt.close(finished=not run.loop.eval_only)  # every save durable before the summary says so
+            # every save durable before the summary says so
+            ckpt.close(finished=not run.loop.eval_only and not trainer.save_failed)
         summary = summarize(trainer, run, layout)
     except BaseException:
         shutdown(clean=False)
