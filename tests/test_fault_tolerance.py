@@ -1,21 +1,26 @@
 """Fault tolerance, each fault injected for real (docs/fault-tolerance.md): a checkpoint killed mid-write is
-never loaded; a slow rank is named (straggler); a full disk keeps the last checkpoint and stops or trains on; a
-truncated shard or another tokenizer is one line before any rank starts. The pure verdicts behind them are tested
-first, without processes. (A killed rank, signals to the launcher and resharding through the universal checkpoint
-are measured against the shared ZeRO runs in tests/test_zero_runs.py.)"""
+never loaded; a frozen rank is named and the job restarted (hang); a slow rank is named (straggler); a full
+disk keeps the last checkpoint and stops or trains on; a truncated shard or another tokenizer is one line before
+any rank starts. The pure verdicts behind them are tested first, without processes. (A killed rank, signals to
+the launcher and resharding through the universal checkpoint are measured against the shared ZeRO runs in
+tests/test_zero_runs.py; a lost node in tests/test_multinode.py.)"""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
+import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.cli import REPO
 from tests.conftest import STEPS, train_args, zero_config
 from tests.distributed import TEST_MODEL, launch
 
@@ -47,6 +52,47 @@ def test_checkpoint_killed_mid_write_is_never_loaded(tmp_path, prepared_data, in
 
 
 # --- pure: the verdicts, without processes -------------------------------------------------------------------
+
+
+def _beat(rank: int, step: int, phase: str, progress: int, beat: int) -> Any:
+    from toolkit.launcher.heartbeat import Beat
+
+    return Beat(
+        rank=rank, node=0, host="h", pid=100 + rank, step=step, phase=phase, progress=progress, beat=beat
+    )
+
+
+def test_hang_watch_names_the_silent_rank_and_spares_set_up_and_saves() -> None:
+    """No verdict while a rank is still setting up or inside a save (ten timeouts there); a rank whose
+    heartbeat stops is named with its step and phase, the others as waiting; ranks alive but all stuck are
+    named as such."""
+    from toolkit.launcher.heartbeat import SLOW_PHASE_FACTOR, HangWatch
+
+    watch = HangWatch(timeout_s=5, world_size=2, hostnames=["node1"])
+    assert watch.observe({0: _beat(0, 1, "forward", 1, 1), 1: _beat(1, 0, "setup", 0, 1)}, 0) is None
+    assert watch.observe({0: _beat(0, 1, "forward", 1, 2), 1: _beat(1, 0, "setup", 0, 2)}, 20) is None
+    assert watch.observe({0: _beat(0, 3, "save", 9, 3), 1: _beat(1, 3, "save", 9, 3)}, 21) is None
+    assert watch.observe({0: _beat(0, 3, "save", 9, 4), 1: _beat(1, 3, "save", 9, 4)}, 21 + 5 * 2) is None
+    late = watch.observe(
+        {0: _beat(0, 3, "save", 9, 5), 1: _beat(1, 3, "save", 9, 5)}, 22 + 5 * SLOW_PHASE_FACTOR
+    )
+    assert late is not None and "alive, all stuck in the same place" in late
+    watch = HangWatch(timeout_s=5, world_size=2, hostnames=["node1"])
+    for t, (p0, p1) in enumerate([(1, 1), (2, 2), (3, 3)]):
+        assert watch.observe({0: _beat(0, 5, "forward", p0, t), 1: _beat(1, 5, "forward", p1, t)}, t) is None
+    assert watch.observe({0: _beat(0, 5, "backward", 4, 3), 1: _beat(1, 5, "forward", 3, 2)}, 3) is None
+    for t in range(4, 7):  # rank 1 is silent from t=2; rank 0 keeps beating, waiting in its collective
+        assert watch.observe({0: _beat(0, 5, "backward", 4, t), 1: _beat(1, 5, "forward", 3, 2)}, t) is None
+    report = watch.observe({0: _beat(0, 5, "backward", 4, 7), 1: _beat(1, 5, "forward", 3, 2)}, 7)
+    assert report is not None and "\n" not in report
+    assert (
+        "rank 1 on node1 (node 0, pid 101) went silent: no heartbeat for 5.0 s, the last at step 5 (forward)"
+        in report
+    )
+    assert "; rank 0 wait at step 5 (backward)" in report
+    done = HangWatch(timeout_s=5, world_size=2)
+    done.observe({0: _beat(0, 9, "done", 50, 9), 1: _beat(1, 9, "end", 50, 9)}, 0)
+    assert done.observe({0: _beat(0, 9, "done", 50, 9), 1: _beat(1, 9, "end", 50, 10)}, 30) is None
 
 
 def test_straggler_ratio_is_busy_time_against_the_other_ranks() -> None:
@@ -96,6 +142,55 @@ def test_a_slow_fault_can_name_one_rank() -> None:
 
 
 # --- real faults on real processes ----------------------------------------------------------------------------
+
+HANG_S = 6.0
+
+
+def _events(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (run_dir / "launch" / "launch_events.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.multiprocess
+def test_a_stopped_rank_is_named_and_the_job_restarts_to_the_uninterrupted_losses(
+    tmp_path, zero_runs, prepared_data, init_weights
+):
+    """SIGSTOP rank 1 mid-run (a frozen process: alive, answering nothing). Within the hang timeout `dstk
+    launch` names it (rank, node, pid, step and phase; rank 0 waiting), kills the job, and `--max-restarts 1`
+    resumes from the last complete checkpoint: the run ends with the uninterrupted run's losses and weights
+    (fp32, 1e-6). Both ranks are slowed alike, so neither is named a straggler."""
+    from tests.distributed import launch_command
+    from toolkit.launcher.heartbeat import heartbeat_dir, read_beats
+
+    cfg = zero_config(tmp_path / "z1.json", 1)
+    ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--save-every", "2", "--inject-fault", "2+:slow"]
+    args = train_args(prepared_data, STEPS, "--init-from", str(init_weights), *ckpt)
+    run = tmp_path / "run"
+    cmd = launch_command(run, cfg, args, launch_args=["--max-restarts", "1", "--hang-timeout", str(HANG_S)])
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    metrics, deadline = run / "metrics.jsonl", time.time() + 300
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 5):
+        assert proc.poll() is None and time.time() < deadline, "the job ended before 5 logged steps"
+        time.sleep(0.1)
+    victim = read_beats(heartbeat_dir(run))[1]
+    os.kill(victim.pid, signal.SIGSTOP)
+    stopped = time.time()
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-4000:]
+    (hang,) = [e for e in _events(run) if "hang_detected" in e]
+    latency = hang["time"] - stopped
+    print(f"hang detected {latency:.1f} s after SIGSTOP (--hang-timeout {HANG_S:g})")
+    # silence counts from the rank's last heartbeat, up to a beat (1 s) before the signal; polled every second
+    assert HANG_S - 1.5 <= latency <= HANG_S + 3, latency
+    said = hang["hang_detected"]
+    assert f"rank 1 on {victim.host} (node 0, pid {victim.pid}) went silent: no heartbeat for" in said, said
+    assert "; rank 0 wait at step" in said and f"dstk launch: hang: {said}; stopping the job" in out
+    assert "restart 1/1 from the newest complete checkpoint" in out
+    assert [e["exit_code"] != 0 for e in _events(run) if "exit_code" in e] == [True, False]
+    reference = zero_runs[1].summary
+    assert read_json(run / "summary.json")["losses"] == pytest.approx(reference["losses"], rel=1e-6, abs=1e-6)
+    summary = read_json(run / "summary.json")
+    assert summary["param_norm"] == pytest.approx(reference["param_norm"], rel=1e-6)
+    assert summary["stragglers"] == []
 
 
 def read_json(path: Path) -> Any:
@@ -264,3 +359,36 @@ def test_a_bad_data_shard_is_one_line_before_any_rank_starts(tmp_path, prepared_
     lines = [x for x in r.err.splitlines() if x.strip() and "[WARNING]" not in x]
     assert r.code == 2 and len(lines) == 1 and re.search(pattern, lines[0]), r.err[-2000:]
     assert not (run / "heartbeat").exists() and not (run / "launch" / "launch_events.jsonl").exists()
+
+
+def test_elastic_replans_for_the_nodes_that_remain_at_the_same_global_batch(tmp_path) -> None:
+    """Two nodes of one rank each lose node2: the config is rewritten for one rank — gradient accumulation
+    1 → 2 at micro-batch 4, the global batch 8 kept, the dstk block's layout with it — and accepted by
+    DeepSpeed for that world; the line says what changed. Losing every node is one line."""
+    from toolkit.errors import UserError
+    from toolkit.plan.load import load_cluster, load_model
+    from toolkit.run.elastic import shrink
+
+    cfg = zero_config(tmp_path / "z2.json", 2)
+    two = load_cluster(
+        "cpu", {"nodes": 2, "gpus_per_node": 1, "hostnames": ["node1", "node2"], "launcher": "pdsh"}
+    )
+    model = load_model(TEST_MODEL)
+    smaller = shrink(two, ["node2"], cfg, model, None, tmp_path)
+    new = json.loads(smaller.config.read_text())
+    assert (
+        new["train_batch_size"],
+        new["train_micro_batch_size_per_gpu"],
+        new["gradient_accumulation_steps"],
+    ) == (8, 4, 2)
+    assert (
+        new["dstk"]["layout"]["world_size"] == 1
+        and new["optimizer"] == json.loads(cfg.read_text())["optimizer"]
+    )
+    assert smaller.cluster.hostnames == ["node1"] and smaller.cluster.world_size == 1
+    assert smaller.message == (
+        "--elastic: node2 lost; the job goes on node1 with 1 rank(s) instead of 2: dp 2 → 1, gradient accumulation "
+        "1 → 2 (global batch 8 kept: each step reads the same rows); no checkpoint yet: it starts from step 0"
+    )
+    with pytest.raises(UserError, match=r"^--elastic: every node is lost \(node1, node2\)"):
+        shrink(two, ["node1", "node2"], cfg, model, None, tmp_path)

@@ -24,6 +24,7 @@ from toolkit.plan.specs import ModelSpec
 from toolkit.run.comms_log import CommsTally
 from toolkit.run.engine_state import held_bytes
 from toolkit.run.evaluate import evaluate
+from toolkit.run.heartbeat import NO_BEAT
 from toolkit.run.loop_state import LEAN_STEPS, LoopOptions, Record, begin_step, gather
 from toolkit.run.metrics import LeanPeak, Logger, Meter, current_rss_bytes, peak_memory_bytes
 from toolkit.run.preflight import data_fingerprint
@@ -131,6 +132,8 @@ class Trainer:
         )
         self.stragglers = StragglerWatch(opts.straggler_ratio)
         """Which rank the others wait for, judged at log steps (toolkit.run.stragglers)."""
+        self.beat: Any = NO_BEAT
+        """This rank's heartbeat (toolkit.run.heartbeat; session starts it): the phase the loop is in."""
         self.faults = tuple(f for f in opts.faults if f.rank in (None, rt.rank))
         self.last: StepRecord | None = None
         """The newest record read."""
@@ -189,6 +192,7 @@ class Trainer:
     def _micro_step(self, batch: Any, measure: bool, aux: list[Any], fault: Fault | None = None) -> Any:
         """One micro-batch; its loss to log stays on the device (toolkit.run.step_sync)."""
         engine = self.engine
+        self.beat.enter("forward")
         if self.sp is None:
             out = engine(input_ids=self.on_device(batch.input_ids), labels=self.on_device(batch.labels))
             loss = logged = out.loss
@@ -201,6 +205,7 @@ class Trainer:
             loss = loss + router
         if fault is not None and fault.kind != "slow":
             loss = corrupt(loss, fault)
+        self.beat.enter("backward")
         engine.backward(loss)
         boundary = engine.is_gradient_accumulation_boundary()
         if measure:
@@ -214,6 +219,7 @@ class Trainer:
         if boundary and self._own_grad_norm:
             self._grad_norm = local_grad_norm(engine)  # before step() clips and zeroes the gradients
         spike = fault is not None and fault.kind == "spike" and boundary
+        self.beat.enter("optimizer")
         with unclipped(engine) if spike else contextlib.nullcontext():
             engine.step()
         logged = logged.detach().float()
@@ -238,6 +244,7 @@ class Trainer:
     def save(self, tier: str = "disk") -> None:
         if self.ckpt is None:
             return
+        self.beat.enter("save")
         self.read(self.step)  # the checkpoint holds every loss up to here
         fault = self.opts.fault_after_first_shard_at == self.step
         extra: dict[str, Any] = {
@@ -285,6 +292,7 @@ class Trainer:
         norm = self._grad_norm if norm is None else norm
         # the stop request rides on the all-reduce every step does anyway: all ranks stop after the same step
         asked = self.stop.signum if self.stop is not None else 0
+        self.beat.enter("record")
         self.channel.end(self.step + 1, sum(losses) / len(losses), norm, asked, aux)
         self.comms.drain()
 
@@ -323,6 +331,7 @@ class Trainer:
         try:
             while self.step < self.opts.steps:
                 collector.step(self.step)
+                self.beat.enter("data", self.step + 1)
                 self._train_step(begin_step(self, next(steps)))
                 self.step += 1
                 self.position = loader.position
@@ -350,6 +359,7 @@ class Trainer:
                     and self.eval_data is not None
                     and self.step % self.opts.eval_every == 0
                 ):
+                    self.beat.enter("eval")
                     result = self.evaluate()
                     self.record.evals.append({"step": self.step, **result})
                     logger.log(self.step, result, prefix="eval")

@@ -193,6 +193,9 @@ def main(run: TrainRun) -> dict[str, Any]:
         "ignore", message=".*all_gather_into_tensor.* is deprecated", category=FutureWarning
     )
     rt = init_distributed()
+    from toolkit.run.heartbeat import Heartbeat
+
+    beat = Heartbeat.start(run.run_dir, rt)  # what the launcher watches for a hang (launcher/heartbeat.py)
     if rt.nodes > 1:  # where each rank landed: the first thing to know when a multi-node launch goes wrong
         print(f"rank {rt.rank} of {rt.world_size} on {rt.host} (node {rt.node} of {rt.nodes})", flush=True)
     try:
@@ -252,12 +255,14 @@ def main(run: TrainRun) -> dict[str, Any]:
         peak = run.cluster.peak_flops(layout.precision) if run.cluster else None
         trainer = Trainer(engine, run.model, layout, rt, data, run.run_dir, ckpt, run.loop, peak, aux)
         trainer.compressed_optimizer = client_optimizer
+        trainer.beat = beat
         if mpu is not None:
             trainer.sp = ulysses.SequenceParallel(engine, layout)
         from toolkit.run.stop import StopRequest
 
         trainer.stop = StopRequest.install()
         if tag is not None:
+            beat.enter("load")
             trainer.resume(tag)
             if rt.is_main:
                 print(f"resumed from {ckpt.describe(tag)} at step {trainer.step}", flush=True)
@@ -275,6 +280,7 @@ def main(run: TrainRun) -> dict[str, Any]:
                 trainer.run(logger)
             finally:
                 logger.close()
+            beat.enter("end")
             if run.lora:
                 from toolkit.run.lora import save_adapters
 
@@ -294,4 +300,5 @@ def main(run: TrainRun) -> dict[str, Any]:
         shutdown(clean=False)
         raise
     shutdown()
+    beat.close()
     return summary
