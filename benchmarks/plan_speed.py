@@ -22,6 +22,8 @@ CASES = [
     ["--model", "gpt-1t", "--cluster", "dgx-a100-80g", "--nodes", "384", "--target", "megatron"],
     ["--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--nodes", "16"],
     ["--model", "llama3-405b", "--cluster", "h200", "--nodes", "128"],
+    # fp8 weighed beside bf16 (Transformer Engine under Megatron-DeepSpeed)
+    ["--model", "gpt-1t", "--cluster", "dgx-h100", "--nodes", "384", "--target", "megatron", "--allow-fp8"],
 ]
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import result_path, write_json
+from benchmarks.published_hopper import HOPPER_MODELS, HOPPER_RUNS
 
 # Narayanan et al. 2021, Table 1 (weak scaling): (billions, heads, hidden, layers, t, p, GPUs, batch, TFLOP/s
 # per GPU with recomputation); GPT, vocabulary 51,200, sequence 2048, fp16, Megatron's fused kernels and
@@ -143,13 +144,6 @@ RUNS = [
         "tok",
         380,
     ),
-    (
-        "Llama 3 405B, TP8 PP16, 8192 H100",
-        "Dubey et al. 2024, Table 4 (430 TFLOP/s)",
-        "--model llama3-405b --cluster dgx-h100 --nodes 1024 --tp 8 --pp 16 --zero-stage 1 --global-batch 2048 --recompute selective --tp-sequence-parallel --tp-vocab-parallel --fused-kernels --flash-attention",
-        "model",
-        430,
-    ),
     # HF transformers models (eager RMSNorm/rotary, SDPA or FlashAttention-2 attention), the target `dstk train`
     # runs. FSDP full sharding is priced as ZeRO-3 (the same gathers and reduce-scatters).
     *(
@@ -197,6 +191,30 @@ RUNS = [
 METRIC = {"hw": "hardware_tflops_per_gpu", "model": "tflops_per_gpu", "mfu": "mfu"}
 
 
+def group_of(label: str) -> str:
+    """The report's groups for the A100-era rows (the Hopper rows carry theirs)."""
+    if "ZeRO-3" in label and label.startswith("Megatron"):
+        return "A100, DeepSpeed ZeRO-3 (2021)"
+    if label.startswith("HF "):
+        return "A100, HF models"
+    return "A100, Megatron-era"
+
+
+def summary(rows: list[dict]) -> list[str]:
+    """Per group: runs, median |ratio − 1|, the worst, and the range of ratios."""
+    import statistics
+
+    out = []
+    for group in dict.fromkeys(r["group"] for r in rows):
+        ratios = [r["ratio"] for r in rows if r["group"] == group]
+        errs = [abs(x - 1) for x in ratios]
+        out.append(
+            f"{group}: {len(ratios)} runs, median |error| {statistics.median(errs):.1%}, worst {max(errs):.1%}, "
+            f"ratios ×{min(ratios):.2f}–{max(ratios):.2f}"
+        )
+    return out
+
+
 def main() -> int:
     import contextlib
     import io
@@ -211,7 +229,10 @@ def main() -> int:
     for b, heads, hidden, layers in NARAYANAN_SHAPES:
         spec = _narayanan_model(b, heads, hidden, layers)
         (models / f"{spec['name']}.yaml").write_text(yaml.safe_dump(spec))
-    for label, source, args, metric, published in RUNS:
+    for name, spec in HOPPER_MODELS.items():
+        (models / f"{name}.yaml").write_text(yaml.safe_dump({"name": name, **spec}))
+    runs = [(*r, group_of(r[0])) for r in RUNS] + list(HOPPER_RUNS)
+    for label, source, args, metric, published, group in runs:
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             code = dstk(["estimate", *args.replace(MODEL_DIR, str(models)).split(), "--json"])
@@ -221,6 +242,7 @@ def main() -> int:
         rows.append(
             {
                 "run": label,
+                "group": group,
                 "source": source,
                 "args": args,
                 "metric": metric,
@@ -234,12 +256,15 @@ def main() -> int:
         print(
             f"{value / published:5.2f}  {value:9.3f} vs {published:8.3f} {metric:5s} fits={est['fits']!s:5s} {label}"
         )
-    write_json("published_runs", {"rows": rows})
+    groups = summary(rows)
+    print("\n".join(groups))
+    write_json("published_runs", {"rows": rows, "groups": groups})
     md = result_path("published_runs", "md")
     md.write_text(
         "# dstk estimate vs published training runs\n\nCommand: `python benchmarks/published_runs.py`. "
         "Metric: hw = TFLOP/s per GPU with recomputation, model = without, mfu, tok = tokens/s per GPU.\n\n"
-        "| run | source | metric | published | dstk | ratio | fits |\n|---|---|---|---|---|---|---|\n"
+        + "".join(f"- {g}\n" for g in groups)
+        + "\n| run | source | metric | published | dstk | ratio | fits |\n|---|---|---|---|---|---|---|\n"
         + "".join(
             f"| {r['run']} | {r['source']} | {r['metric']} | {r['published']:g} | {r['predicted']:.4g} | "
             f"{r['ratio']:.2f} | {r['fits']} |\n"

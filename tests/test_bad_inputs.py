@@ -12,6 +12,7 @@ from tests.cli import REPO, dstk
 
 BAD = REPO / "tests" / "bad"
 TINY = str(REPO / "tests" / "models" / "tiny-test-gpt2.yaml")
+TINY_LLAMA = str(REPO / "tests" / "models" / "tiny-test-llama.yaml")
 
 
 def _resume_launch(steps: str, resume: str) -> list[str]:
@@ -33,6 +34,85 @@ def _resume_launch(steps: str, resume: str) -> list[str]:
 
 # (id, argv with {out} for an output path that must not exist afterwards, pattern the one line must match)
 CASES: list[tuple[str, list[str], str]] = [
+    # fp8: FP8 tensor cores, and what each runtime converts
+    (
+        "fp8-on-a100",
+        ["estimate", "--model", "llama-7b", "--cluster", "dgx-a100-80g", "--precision", "fp8"],
+        r"--precision: fp8 needs FP8 tensor cores .* dgx-a100-80g has no FP8 tensor cores; GPUs with FP8: h100",
+    ),
+    (
+        "fp8-on-cpu",
+        ["estimate", "--model", TINY, "--cluster", "cpu", "--precision", "fp8"],
+        r"cluster cpu is cpu, not CUDA; GPUs with FP8",
+    ),
+    (
+        "allow-fp8-on-v100",
+        ["plan", "--model", "llama-7b", "--cluster", "v100-32g", "--allow-fp8"],
+        r"--allow-fp8: fp8 needs FP8 tensor cores .* v100-32g has no FP8 tensor cores",
+    ),
+    (
+        "allow-fp8-with-a-precision",
+        ["plan", "--model", "llama-7b", "--cluster", "dgx-h100", "--allow-fp8", "--precision", "fp8"],
+        r"--allow-fp8: --precision fp8 pins the precision; drop one",
+    ),
+    (
+        "fp8-megatron-gqa",
+        [
+            "config",
+            "--model",
+            "llama3-8b",
+            "--cluster",
+            "dgx-h100",
+            "--precision",
+            "fp8",
+            "--megatron",
+            "-o",
+            "{out}",
+        ],
+        r"Transformer Engine's TransformerLayer\) cannot run llama3-8b as planned: grouped-query attention",
+    ),
+    (
+        "fp8-hf-trainer",
+        [
+            "config",
+            "--model",
+            TINY_LLAMA,
+            "--cluster",
+            "dgx-h100",
+            "--precision",
+            "fp8",
+            "--hf-trainer",
+            "-o",
+            "{out}",
+        ],
+        r"--hf-trainer: fp8 is dstk train's torchao.float8 conversion",
+    ),
+    (
+        "fp8-gpt2-conv1d",
+        ["config", "--model", "gpt2", "--cluster", "dgx-h100", "--precision", "fp8", "-o", "{out}"],
+        r"dstk train's fp8 \(torchao.float8\) converts the nn.Linear .* gpt2 projections are Conv1D",
+    ),
+    (
+        "launch-fp8-on-cpu",
+        [
+            "launch",
+            "--cluster",
+            "cpu",
+            "--config",
+            f"{BAD}/fp8_h100_2_ranks.json",
+            "--run-dir",
+            "{out}",
+            "--dry-run",
+            "--",
+            "--model",
+            TINY_LLAMA,
+            "--steps",
+            "2",
+            "--snapshot-every",
+            "0",
+        ],
+        r"^dstk launch: error: --config: its layout is fp8: fp8 needs FP8 tensor cores .* cluster cpu is cpu",
+    ),
     # model descriptions
     (
         "unknown-model-preset",

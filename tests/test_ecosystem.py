@@ -394,6 +394,10 @@ MEGATRON_CASES = {
         "--model", "mixtral-8x7b", "--cluster", "h200", "--nodes", "4", "--tp", "2", "--ep", "8",
         "--zero-stage", "2", "--micro-batch", "1", "--global-batch", "256", "--recompute", "full",
     ],
+    "gpt3-13b-fp8-transformer-engine": [
+        "--model", "gpt3-13b", "--cluster", "dgx-h100", "--nodes", "2", "--tp", "8", "--zero-stage", "1",
+        "--micro-batch", "1", "--global-batch", "256", "--recompute", "selective", "--precision", "fp8",
+    ],
     "tiny-cpu-fp32": [
         "--model", TINY, "--cluster", "cpu", "--zero-stage", "2", "--precision", "fp32", "--micro-batch", "2",
         "--global-batch", "8",
@@ -439,7 +443,12 @@ def test_megatron_arguments_are_verified_flags_with_the_plans_values(tmp_path, c
     assert ns.sequence_parallel is layout["tp_sequence_parallel"]
     assert ns.no_pipeline_parallel is (layout["pp"] == 1)
     assert ns.zero_stage == layout["zero_stage"]
-    assert ns.bf16 is (layout["precision"] == "bf16") and ns.fp16 is (layout["precision"] == "fp16")
+    fp8 = layout["precision"] == "fp8"  # bf16 training with Transformer Engine's FP8 linear GEMMs
+    assert ns.bf16 is (layout["precision"] in ("bf16", "fp8")) and ns.fp16 is (layout["precision"] == "fp16")
+    assert ns.fp8_hybrid is fp8 and not ns.fp8_e4m3
+    assert ns.transformer_impl == ("transformer_engine" if fp8 else None)
+    if fp8:  # Transformer Engine's own DelayedScaling defaults, not Megatron's 1 / most_recent
+        assert (ns.fp8_amax_history_len, ns.fp8_amax_compute_algo) == (1024, "max")
     granularity = {"none": None, "selective": "selective", "full": "full"}[layout["recompute"]]
     assert ns.recompute_granularity == granularity
     assert ns.deepspeed_activation_checkpointing is (layout["recompute"] == "full")
@@ -453,8 +462,9 @@ def test_megatron_arguments_are_verified_flags_with_the_plans_values(tmp_path, c
     assert ns.ffn_hidden_size == model.ffn_hidden_size and ns.seq_length == model.seq_length
     assert (ns.num_key_value_heads or model.n_heads) == model.n_kv_heads
     assert ns.swiglu is bool(model.gated_mlp)
-    # CoreAttention unless the plan prices FlashAttention-2
-    assert ns.use_flash_attn_v2 is layout["flash_attention"] is ("--flash-attention" in flags)
+    # CoreAttention unless the plan prices FlashAttention-2; in fp8 Transformer Engine's own fused attention
+    assert ns.use_flash_attn_v2 is ("--flash-attention" in flags)
+    assert layout["flash_attention"] is ("--flash-attention" in flags or fp8)
     if model.is_moe:
         assert (ns.num_experts, ns.topk, ns.moe_expert_parallel_size) == (
             [model.num_experts],

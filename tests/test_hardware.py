@@ -57,6 +57,9 @@ def test_recorded_nvidia_smi_gives_the_node(name, count, key, mem, peak, bf16, p
     assert spec.gpu_peak_tflops == pytest.approx(peak) and spec.supports_bf16 is bf16
     # the table's fp32 (CUDA cores), not a fixed ratio of the tensor-core peak: 1/16 on A100, 1/2 on an L4
     assert spec.gpu_fp32_peak_tflops == match_gpu(gpus[0].name)[1]["fp32_tflops"] < spec.gpu_peak_tflops
+    # FP8 where the table has it (Ada, Hopper), with its source; none elsewhere
+    assert spec.gpu_fp8_peak_tflops == match_gpu(gpus[0].name)[1]["fp8_tflops"]
+    assert spec.supports("fp8") is (spec.gpu_fp8_peak_tflops is not None)
     assert default_precision(spec) == precision
     assert not det.warnings and det.sources["gpu_peak_tflops"].startswith(f"table {key}")
 

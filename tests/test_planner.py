@@ -16,10 +16,26 @@ from toolkit.plan.planner import plan
 from toolkit.plan.query import DEFAULT_MARGIN, PlanQuery
 from toolkit.plan.rules import RULES, resolve_layout
 
-BOTH = ("layout", "deepspeed")
+BOTH = ("layout", "deepspeed", "runs")
 
 # One violating layout per rule: (rule name, model, cluster, overrides, request fields, message pattern)
 RULE_CASES = [
+    (
+        "virtual_stages_need_pp",
+        "gpt2",
+        "dgx-a100-80g",
+        {},
+        dict(virtual_stages=2),
+        r"--virtual-stages: 2 chunks per rank need --pp > 1",
+    ),
+    (
+        "megatron_core_runtime_only",
+        "gpt2",
+        "dgx-a100-80g",
+        {},
+        dict(comm_overlap=True),
+        r"--comm-overlap: Megatron-Core's overlaps",
+    ),
     ("tp_divides_heads", "gpt2", "dgx-a100-80g", {}, dict(tp=8), r"--tp: n_heads\(12\)"),
     ("pp_le_layers", "tiny-gpt2", "dgx-a100-80g", {}, dict(pp=8), r"--pp: pp\(8\) exceeds n_layers\(4\)"),
     (
@@ -147,6 +163,31 @@ RULE_CASES = [
     ),
     ("lora_targets_exist", "gpt2", "dgx-a100-80g", {}, dict(lora="r=8,targets=q_proj"), r"valid: c_attn"),
     ("lora_is_data_parallel", "llama-7b", "dgx-a100-80g", {}, dict(lora="r=8", tp=2), r"data parallelism"),
+    (
+        "fp8_needs_hopper_or_ada",
+        "llama-7b",
+        "dgx-a100-80g",
+        {},
+        dict(precision="fp8"),
+        r"^--precision: fp8 needs FP8 tensor cores .* dgx-a100-80g has no FP8 tensor cores; GPUs with FP8: "
+        r"h100-nvl, h100-pcie-80gb, h100-sxm5-80gb, h200-sxm-141gb, l40s, l4",
+    ),
+    (
+        "fp8_converts_hf_linear_layers",
+        "gpt2",
+        "dgx-h100",
+        {},
+        dict(precision="fp8"),
+        r"Conv1D, not nn.Linear",
+    ),
+    (
+        "fp8_fits_transformer_engine_layer",
+        "llama-7b",
+        "dgx-h100",
+        {},
+        dict(precision="fp8", zero_stage=1),
+        r"Transformer Engine's TransformerLayer\) cannot run llama-7b as planned: RMSNorm or a gated MLP",
+    ),
 ]
 
 
@@ -163,7 +204,7 @@ def test_named_rule_rejects_with_message(rule, model, cluster, over, fields, mat
         m = m.model_copy(update={"num_experts": 4})
     c = load_cluster(cluster, over)
     with pytest.raises(UserError, match=match) as info:
-        resolve_layout(m, c, LayoutRequest(**fields), BOTH)
+        resolve_layout(m, c, LayoutRequest(**fields), (*BOTH, "megatron"))
     assert "\n" not in str(info.value)
 
 
@@ -382,3 +423,51 @@ def test_ulysses_needs_kv_heads_and_sp_to_divide_one_another() -> None:
 
     assert not broken(8, 32, 16) and not broken(8, 32, 4)
     assert any("--sp: kv heads per TP rank (6) and sp(4)" in m for m in broken(6, 24, 4))
+
+
+@pytest.mark.parametrize(
+    "model,cluster,nodes,batch",
+    [
+        ("30e9", "dgx-a100-80g", 1, 504),  # 63 per rank: no power-of-two micro-batch but 1
+        ("llama-7b", "dgx-a100-80g", 2, 384),  # 24 per rank: 3, 6, 12 and 24 are not powers of two
+        ("llama-13b", "dgx-h100", 4, 480),
+        ("gpt2-xl", "dgx-a100-40g", 1, 96),
+    ],
+)
+def test_the_plan_is_never_slower_than_a_layout_given_by_flags(model, cluster, nodes, batch) -> None:
+    """Every layout a user could pin by flags in the planner's space (ZeRO stage × TP × micro-batch ×
+    recomputation, no offload) that fits the planner's margin is predicted no faster than the plan, beyond the
+    planner's near-tie rule (within NEAR_TIE of the fastest, the simplest layout wins)."""
+    from toolkit.plan.choice import NEAR_TIE
+    from toolkit.plan.cost.estimate import estimate, estimate_memory
+    from toolkit.plan.planner import _divisors
+
+    spec = model_from_params(float(model)) if model[0].isdigit() else load_model(model)
+    c = load_cluster(cluster, {"nodes": nodes})
+    best = plan(spec, c, PlanQuery(global_batch_size=batch))
+    assert best is not None
+    usable = (1 - DEFAULT_MARGIN) * c.gpu_memory_gib * 2**30
+    tried = 0
+    for zero in (0, 1, 2, 3):
+        for tp in (1, 2, 4, 8):
+            if spec.n_heads % tp or (c.world_size // tp) == 0 or batch % (c.world_size // tp):
+                continue
+            for micro in _divisors(batch // (c.world_size // tp)):
+                for recompute in ("none", "selective", "full"):
+                    request = LayoutRequest(
+                        zero_stage=zero,
+                        tp=tp,
+                        micro_batch_size=micro,
+                        global_batch_size=batch,
+                        recompute=recompute,
+                    )
+                    try:
+                        layout = resolve_layout(spec, c, request, scopes=BOTH)
+                    except UserError:
+                        continue
+                    if estimate_memory(spec, c, layout).total > usable:
+                        continue
+                    tried += 1
+                    theirs = estimate(spec, c, layout).tokens_per_s
+                    assert best.best.tokens_per_s >= (1 - NEAR_TIE) * theirs, (layout.flags(), theirs)
+    assert tried >= 2  # the 30B on 8 A100s fits only at ZeRO-3 with recomputation

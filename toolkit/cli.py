@@ -69,7 +69,19 @@ def _pages(
     return found
 
 
+# Loggers of optional packages that speak when transformers imports them, not when dstk uses them: torchao
+# (the run extra, for --precision fp8) logs "Failed to load …/_C_mxfp8….so" and "Detected no triton" on any host
+# without its CUDA kernels, and torch's pytree warns twice about torchao's enum registrations — five stderr
+# lines in every run that builds a model, none of them about the run. An fp8 run reports torchao's own
+# failures through toolkit/run/fp8.py's checks.
+_IMPORT_CHATTER = ("torchao", "torch.utils._pytree")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    import logging
+
+    for name in _IMPORT_CHATTER:
+        logging.getLogger(name).setLevel(logging.ERROR)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv == ["--reference"]:  # docs/cli.md (make docs)
         print(reference())

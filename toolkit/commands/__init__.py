@@ -252,9 +252,20 @@ def add_target_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_allow_fp8_arg(parser: argparse.ArgumentParser) -> None:
+    from toolkit.plan.query import PlanQuery
+
+    parser.add_argument(
+        "--allow-fp8", action="store_true", help=_help(PlanQuery.model_fields["allow_fp8"].description)
+    )
+
+
 def scopes_from_args(args: argparse.Namespace) -> tuple[str, ...]:
-    """Rule scopes (toolkit.plan.rules.Rule.scope) the target runtime must respect."""
-    return ("layout", "deepspeed") if getattr(args, "target", "deepspeed") == "deepspeed" else ("layout",)
+    """Rule scopes (toolkit.plan.rules.Rule.scope) the target runtime must respect: "runs" is what dstk can run
+    or configure at all (not the Megatron-Core-only knobs `dstk estimate` prices for published runs)."""
+    if getattr(args, "target", "deepspeed") == "deepspeed":
+        return ("layout", "deepspeed", "runs")
+    return ("layout", "megatron", "runs")
 
 
 def print_json(data: Any) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.commands import (
+    add_allow_fp8_arg,
     add_cluster_args,
     add_layout_args,
     add_model_args,
@@ -45,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="let the planner choose the layout; layout flags become constraints",
     )
+    add_allow_fp8_arg(parser)
     targets = parser.add_argument_group("runtime the config is for (default: dstk train)")
     targets.add_argument(
         "--hf-trainer",
@@ -153,6 +155,8 @@ def _write_targets(
             _validate(megatron_cfg, layout, cluster.accelerator, model_parallel=True)
         files[args.output] = ds_config.dumps(megatron_cfg)
         stdout = shlex.join(megatron.megatron_args(model, cluster, layout, cfg, args.output)) + "\n"
+        if layout.precision == "fp8":
+            print(f"note: {megatron.FP8_NOTE}", file=sys.stderr)
     elif args.hf_trainer:
         from toolkit.integrations.hf_trainer import hf_trainer_files
 
@@ -226,11 +230,15 @@ def _layout(args: argparse.Namespace, model: Any, cluster: Any) -> Any:
     request = layout_request_from_args(args)
     scopes = scopes_from_args(args)
     if not args.plan:
+        if args.allow_fp8:
+            from toolkit.errors import UserError
+
+            raise UserError("--allow-fp8: the planner weighs fp8; give --plan, or --precision fp8")
         return resolve_layout(model, cluster, request, scopes)
     from toolkit.plan.planner import nothing_fits_message, plan
     from toolkit.plan.query import PlanQuery
 
-    query = PlanQuery.pinning(request, scopes=scopes)
+    query = PlanQuery.pinning(request, scopes=scopes, allow_fp8=args.allow_fp8)
     if args.hf_trainer or args.accelerate:  # layouts they cannot run are not worth planning
         query = query.model_copy(update={"pp": query.pp or 1, "sp": query.sp or 1})
     result = plan(model, cluster, query)

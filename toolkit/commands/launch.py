@@ -142,7 +142,7 @@ def _preflight(path: Path, cluster: Any, train_args: list[str]) -> tuple[Any, li
     from toolkit.run.preflight import prepare_run
 
     train = train_parser().parse_args([*train_args, "--config", str(path)])
-    run, notes = prepare_run(train, cluster.world_size)
+    run, notes = prepare_run(train, cluster.world_size, cluster)
     cfg = read_ds_config(path)
     verdict = validate_config(cfg, cluster.world_size, cluster.accelerator)
     if verdict.problems:

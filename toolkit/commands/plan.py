@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.commands import (
+    add_allow_fp8_arg,
     add_cluster_args,
     add_layout_args,
     add_model_args,
@@ -27,6 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cluster_args(parser)
     add_layout_args(parser)
     add_target_arg(parser)
+    add_allow_fp8_arg(parser)
     parser.add_argument(
         "--config",
         type=Path,
@@ -167,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--memory-margin: {margin} must be in [0, 1)")
     scopes = scopes_from_args(args)
     request = layout_request_from_args(args)
-    query = PlanQuery.pinning(request, margin=margin, scopes=scopes)
+    query = PlanQuery.pinning(request, margin=margin, scopes=scopes, allow_fp8=args.allow_fp8)
     theirs = None
     if args.config is not None:
         from toolkit.commands.estimate import estimate_config
@@ -175,7 +177,12 @@ def run(args: argparse.Namespace) -> int:
         # the layout flags describe the config (they fill its "auto" fields); the plan searches freely for the
         # same job: the config's global batch
         theirs = estimate_config(args.config, model, cluster, request, (args.tp, args.pp, args.sp))
-        query = PlanQuery(global_batch_size=theirs.layout.global_batch_size, margin=margin, scopes=scopes)
+        query = PlanQuery(
+            global_batch_size=theirs.layout.global_batch_size,
+            margin=margin,
+            scopes=scopes,
+            allow_fp8=args.allow_fp8,
+        )
     cost_inputs = _cost_inputs(args)
     if args.scaling_nodes:
         from toolkit.report.cost import parse_node_counts

@@ -102,7 +102,7 @@ def fill_auto(cfg: dict[str, Any], facts: RunFacts) -> tuple[dict[str, Any], lis
         "train_micro_batch_size_per_gpu": facts.micro_batch,
         "gradient_accumulation_steps": facts.grad_accum,
         "fp16.enabled": None if facts.precision is None else facts.precision == "fp16",
-        "bf16.enabled": None if facts.precision is None else facts.precision == "bf16",
+        "bf16.enabled": None if facts.precision is None else facts.precision in ("bf16", "fp8"),
         "zero_optimization.reduce_bucket_size": hidden and hidden * hidden,
         "zero_optimization.stage3_prefetch_bucket_size": hidden and int(0.9 * hidden * hidden),
         "zero_optimization.stage3_param_persistence_threshold": hidden and 10 * hidden,

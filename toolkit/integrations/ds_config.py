@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from toolkit.integrations.dstk_block import DSTK_KEY, read_dstk_block
 from toolkit.plan import recipes
-from toolkit.plan.layout import Layout
+from toolkit.plan.layout import Layout, engine_precision
 from toolkit.plan.params import count_params
 from toolkit.plan.specs import ClusterSpec, ModelSpec
 from toolkit.plan.zero_knobs import OPTIMIZER_SWAP_BUFFERS, PARAM_SWAP_BUFFERS, derive_zero_knobs
@@ -67,9 +67,13 @@ class ConfigOptions(BaseModel):
 
 
 def _precision_block(layout: Layout) -> dict[str, Any]:
-    if layout.precision == "bf16":
+    """The engine's 16-bit block. fp8 trains in bf16 (DeepSpeed's JSON has no FP8 key): the FP8 GEMMs are the
+    linear layers' own (torchao.float8 in dstk train, Transformer Engine under Megatron), and the `dstk` block's
+    layout says fp8."""
+    precision = engine_precision(layout.precision)
+    if precision == "bf16":
         return {"bf16": {"enabled": True}}
-    if layout.precision == "fp16":
+    if precision == "fp16":
         return {
             "fp16": {
                 "enabled": True,

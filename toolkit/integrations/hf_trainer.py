@@ -68,6 +68,11 @@ def check_layout(model: ModelSpec, layout: Layout, flag: str = "--hf-trainer") -
             f"{flag}: --optimizer {layout.optimizer} is dstk's own client optimizer, which only dstk train hands "
             "to DeepSpeed; use --optimizer adamw"
         )
+    if layout.precision == "fp8":
+        raise UserError(
+            f"{flag}: fp8 is dstk train's torchao.float8 conversion (or Transformer Engine under --megatron); a "
+            "DeepSpeed config has no FP8 key for the Trainer to read; use --precision bf16, or dstk train"
+        )
     if layout.sp > 1:
         raise UserError(
             f"{flag}: DeepSpeed-Ulysses (sp={layout.sp}) reaches the Trainer only through Accelerate's "

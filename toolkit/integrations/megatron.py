@@ -24,6 +24,7 @@ bb4ac1c predates `--sequence-parallel`, `--ds-sequence-parallel-size`, `--num-ke
   ZeRO / activation checkpointing: --zero-stage --remote-device --use-pin-memory
     --deepspeed-activation-checkpointing --partition-activations
   DeepSpeed: --deepspeed --deepspeed_config
+  Transformer-Engine (fp8): --transformer-impl --fp8-hybrid --fp8-amax-history-len --fp8-amax-compute-algo
 
 How the plan maps (from the same repository's code):
 - Megatron builds TP (its own column/row-parallel layers, the word embedding always vocabulary-parallel),
@@ -45,6 +46,15 @@ How the plan maps (from the same repository's code):
   (no `--enable-expert-tensor-parallelism`), as the memory estimate assumes.
 - Optimizer offload needs `--cpu-optimizer` (DeepSpeedCPUAdam as the client optimizer; DeepSpeed refuses
   ZeRO-Offload with another client optimizer); parameter offload needs `--remote-device` for `zero.Init`.
+- fp8: `--transformer-impl transformer_engine --fp8-hybrid` (E4M3 forward, E5M2 backward: TE's own default
+  format) with TE's default amax history, 1024 steps reduced by `max` (TE's DelayedScaling since v0.8, commit
+  80542a0 "Change FP8 recipe defaults"; Megatron's own defaults are 1 and `most_recent`). That path builds
+  `transformer_engine.pytorch.TransformerLayer` with the hidden and FFN sizes, the heads, biases on, LayerNorm
+  and GeLU (its defaults; megatron/model/transformer.py:1760-1800) and asserts "Transformer_engine does not support
+  GQA"; `megatron/training.py:386-390` refuses TE for anything but `GPTModel`, i.e. without
+  `--no-pipeline-parallel`; its DelayedScaling(interval=..., override_linear_precision=...) needs
+  transformer-engine < 2.0 (both fields are gone from 2.0; v1.13 has them). `check_layout` refuses what that
+  layer cannot express, and TE's DotProductAttention replaces `--use-flash-attn-v2`.
 Data, tokenizer, checkpoint and logging flags are the user's (the vocabulary comes from the tokenizer files).
 """
 
@@ -55,7 +65,8 @@ from typing import Any
 
 from toolkit.errors import UserError
 from toolkit.integrations.targets import without_dstk_block
-from toolkit.plan.layout import Layout
+from toolkit.plan.fp8_support import te_layer_builds
+from toolkit.plan.layout import Layout, engine_precision
 from toolkit.plan.specs import ClusterSpec, ModelSpec
 
 SOURCE = (
@@ -87,6 +98,14 @@ def _architecture_problems(model: ModelSpec) -> list[str]:
         problems.append(f"a gated {model.activation} MLP (--swiglu is SiLU)")
     if not model.gated_mlp and model.activation in ("silu", "relu"):
         problems.append(f"an ungated {model.activation} MLP (GeLU or --swiglu)")
+    if model.qk_norm:
+        problems.append("q/k norms")
+    if model.family.norms_per_block != 2:
+        problems.append(f"{model.family.norms_per_block} norms per block (pre-norm only)")
+    if model.family.embedding_scale:
+        problems.append("embeddings scaled by √h")
+    if model.sliding_window is not None:
+        problems.append("sliding-window layers")
     if model.is_moe and model.moe_ffn_hidden_size != model.ffn_hidden_size:
         problems.append("experts narrower or wider than the dense MLP (one --ffn-hidden-size)")
     return problems
@@ -126,11 +145,26 @@ def check_layout(model: ModelSpec, layout: Layout) -> None:
             "--sp: Megatron-DeepSpeed's --ds-sequence-parallel-size cannot be combined with --sequence-parallel "
             "(Megatron's TP sequence parallelism); use --no-tp-sequence-parallel or --sp 1"
         )
+    problem = te_layer_builds(model, layout, layout.dp)
+    if problem:
+        raise UserError(problem)
     if model.is_moe and layout.zero_stage == 3:
         raise UserError(
             "--zero-stage: Megatron-DeepSpeed's MoE layers are DeepSpeed-MoE, which the engine refuses at ZeRO "
             "stage 3 ('Native DeepSpeed MoE is not supported with ZeRO Stage 3'); use --zero-stage 2 or lower"
         )
+
+
+FP8_ARGS = (
+    "--transformer-impl", "transformer_engine",
+    "--fp8-hybrid",
+    "--fp8-amax-history-len", "1024",
+    "--fp8-amax-compute-algo", "max",
+)  # fmt: skip
+FP8_NOTE = (
+    "fp8: Megatron-DeepSpeed builds Transformer Engine's DelayedScaling with interval and "
+    "override_linear_precision, which need transformer-engine < 2.0"
+)
 
 
 def _num(x: float) -> str:
@@ -182,7 +216,7 @@ def _model_args(model: ModelSpec, layout: Layout) -> list[str]:
         args.append("--untie-embeddings-and-output-weights")
     dropout = "0.1" if model.dropout else "0.0"  # HF GPT-2's 0.1; Llama-family models have none
     args += ["--attention-dropout", dropout, "--hidden-dropout", dropout]
-    if layout.flash_attention:
+    if layout.flash_attention and layout.precision != "fp8":  # fp8: TE's own fused attention
         args.append("--use-flash-attn-v2")  # needs the flash-attn package; CoreAttention otherwise
     if model.is_moe:
         from toolkit.plan.specs import DEFAULT_AUX_LOSS_COEF
@@ -234,7 +268,9 @@ def _training_args(cfg: dict[str, Any], layout: Layout) -> list[str]:
         "--clip-grad", _num(cfg["gradient_clipping"]),
     ]  # fmt: skip
     if layout.precision != "fp32":
-        args.append(f"--{layout.precision}")
+        args.append(f"--{engine_precision(layout.precision)}")
+    if layout.precision == "fp8":
+        args += FP8_ARGS
     if layout.recompute == "full":
         args += [
             "--recompute-granularity",

@@ -175,10 +175,21 @@ def _dstk_checks(cfg: dict[str, Any], parallel: ModelParallel, accelerator: str)
     if offload_opt not in (None, "none") and stage == 0:
         problems.append("zero_optimization.offload_optimizer: needs stage 1, 2 or 3 (got 0)")
     try:
-        dstk_optimizer = read_dstk_block(cfg).optimizer
+        block = read_dstk_block(cfg)
     except UserError as exc:
         problems.append(str(exc))
-        dstk_optimizer = None
+        block = None
+    dstk_optimizer = block.optimizer if block else None
+    if block and block.layout and block.layout.precision == "fp8":
+        # FP8 lives in the linear layers dstk train converts; the engine itself must run bf16, on CUDA
+        if not (cfg.get("bf16") or {}).get("enabled"):
+            problems.append(
+                f"bf16.enabled: {DSTK_KEY}.layout is fp8, which trains in bf16 around its FP8 GEMMs"
+            )
+        if accelerator != "cuda":
+            problems.append(
+                f"{DSTK_KEY}.layout: fp8 needs FP8 tensor cores on CUDA, not the {accelerator} accelerator"
+            )
     if dstk_optimizer is not None:
         if stage != 0 or pp > 1:
             problems.append(

@@ -37,7 +37,7 @@ from typing import Any
 
 from toolkit.errors import UserError
 from toolkit.plan.layout import Layout
-from toolkit.plan.rules import ulysses_problems
+from toolkit.plan.sequence_parallel import ulysses_problems
 from toolkit.plan.specs import ModelSpec
 
 IGNORE = -100

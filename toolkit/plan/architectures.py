@@ -1,8 +1,9 @@
 """What dstk knows about each HF architecture family, in one table that every module reads.
 
-A new family is one entry here (plus its `to_hf_config` kwargs in `hf_config.py` and, for growth, its weight
-rules in `run/grow.py`); the planner's rules, the cost model, the config generators and the run path ask this
-table instead of testing `architecture == "..."` themselves.
+A new family is one entry in `ARCHITECTURES` (plus, for a new MLP activation, one in `ACTIVATIONS`, and its HF
+config keys in `hf_config.py`); the planner's rules, the cost model, the config generators and the run path ask
+these tables instead of testing `architecture == "..."` themselves, and ModelSpec's `architecture` and
+`activation` accept exactly their keys.
 
 Sources, per field:
 - `defaults`: the HF config classes' own defaults (GPT2Config, BloomConfig, LlamaConfig, Qwen2Config,
@@ -27,6 +28,13 @@ Sources, per field:
   MoE layer with HF's own router (toolkit/parallel/hf_moe.py); other families become MoE through DeepSpeed's
   MoE layer, one module per expert. The engine refuses its MoE layer at stage 3.
 - `lora_targets`: peft's default target modules for the family (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING).
+- Gemma 3 (Gemma Team 2025, "Gemma 3 Technical Report", arXiv:2503.19786, §2; transformers 5.x
+  `Gemma3TextConfig`, modeling_gemma3.py): GeGLU with the tanh GeLU (`gelu_pytorch_tanh`), q/k RMSNorm,
+  four RMSNorms per block (pre- and post-norm around attention and MLP), embeddings scaled by √h inside
+  `Gemma3TextScaledWordEmbedding`, tied LM head, local sliding-window layers with every 6th global. Its
+  pipeline is off: `toolkit/parallel/pipeline.py`'s stages are a plain `nn.Embedding` (losing the √h scale)
+  and one rotary embedding (Gemma 3 has a local and a global one per layer type). AutoTP (HF gives a
+  `tp_plan`) and Ulysses (its attention takes a sliding-window mask) stay off until a run shows them right.
 
 Standard library only: `dstk plan` imports this.
 """
@@ -71,6 +79,20 @@ class ArchitectureFacts:
     experts_before_router: bool = False
     """The HF sparse block registers its fused experts before its router (Qwen3-MoE): the flat order ZeRO-1/2
     partition."""
+    hf_model_type: str = ""
+    """HF `model_type` when it is not the family's name (Gemma 3's text-only model is `gemma3_text`)."""
+    norms_per_block: int = 2
+    """Norms in one block: 2 (pre-norm before attention and MLP), 4 with Gemma's post-norms after each."""
+    local_attention: bool = False
+    """The HF model has sliding-window layers (`sliding_window` and a layer pattern in its config)."""
+    embedding_scale: bool = False
+    """HF multiplies the word embeddings by √h inside the embedding module (Gemma): a pipeline stage built from
+    a plain `nn.Embedding` would lose it, and a wider model scales them differently (no width growth)."""
+
+    @property
+    def model_type(self) -> str:
+        """The `model_type` of the family's HF config (`AutoConfig.for_model`'s key)."""
+        return self.hf_model_type or self.name
 
     @property
     def attention_implementation(self) -> str:
@@ -105,10 +127,19 @@ def _llama_like(
     *,
     native_moe: bool = False,
     autotp: bool = True,
+    pipeline: bool | None = None,
+    ulysses: bool = True,
     shared_expert: bool = False,
     experts_before_router: bool = False,
+    hf_model_type: str = "",
+    norms_per_block: int = 2,
+    local_attention: bool = False,
+    embedding_scale: bool = False,
     **overrides: Any,
 ) -> ArchitectureFacts:
+    """A family with Llama's module names (`model.layers.N.self_attn.q_proj`, `mlp.down_proj`); `overrides`
+    are its ModelSpec defaults where they differ from Llama's. Its pipeline defaults to on for dense families
+    (a native MoE block is one module the pipeline cannot cut by experts)."""
     return ArchitectureFacts(
         name=name,
         hf_prefix=hf_prefix,
@@ -118,13 +149,17 @@ def _llama_like(
         residual_outputs=("self_attn.o_proj.", "mlp.down_proj."),
         lora_targets=("q_proj", "v_proj"),
         autotp=autotp,
-        pipeline=not native_moe,
+        pipeline=not native_moe if pipeline is None else pipeline,
         sdpa=True,
-        ulysses=True,
+        ulysses=ulysses,
         native_moe=native_moe,
         naming="llama",
         shared_expert=shared_expert,
         experts_before_router=experts_before_router,
+        hf_model_type=hf_model_type,
+        norms_per_block=norms_per_block,
+        local_attention=local_attention,
+        embedding_scale=embedding_scale,
     )
 
 
@@ -208,6 +243,52 @@ ARCHITECTURES: Mapping[str, ArchitectureFacts] = MappingProxyType(
             qk_norm=True,
             moe_renormalize=False,
         ),
+        "gemma3": _llama_like(
+            "gemma3",
+            "Gemma3",
+            autotp=False,
+            pipeline=False,
+            ulysses=False,
+            hf_model_type="gemma3_text",
+            norms_per_block=4,
+            local_attention=True,
+            embedding_scale=True,
+            activation="gelu_pytorch_tanh",
+            tied_embeddings=True,
+            qk_norm=True,
+            sliding_window=4096,
+            sliding_window_pattern=6,
+        ),
+    }
+)
+
+
+@dataclass(frozen=True)
+class ActivationFacts:
+    """One MLP activation as HF computes it, for the cost model's memory-bound passes and saved tensors."""
+
+    kernels: int
+    """Elementwise kernels it launches forward."""
+    passes: int
+    """Tensor passes (reads + writes, in units of the MLP width) those kernels make forward."""
+    saved: int
+    """Tensors of the MLP's inner width autograd keeps in an ungated MLP (a gated one keeps 4: gate, up,
+    act(gate) and their product, whatever the activation)."""
+
+
+# HF's ACT2FN (transformers/activations.py), counted from the source. gelu_new is NewGELUActivation,
+# `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))` written as eight elementwise ops that keep 5 inner-width
+# tensors (its input x, tanh(·), 0.5·x, 1 + tanh(·), and the output — counted with autograd's saved-tensor
+# hooks on the HF module; tests/test_estimate.py); gelu, relu, silu and gelu_pytorch_tanh
+# (`nn.functional.gelu(x, approximate="tanh")`, Gemma's) are one kernel that reads and writes once and keeps
+# its input, beside the second matmul's input.
+ACTIVATIONS: Mapping[str, ActivationFacts] = MappingProxyType(
+    {
+        "gelu": ActivationFacts(kernels=1, passes=2, saved=2),
+        "gelu_new": ActivationFacts(kernels=8, passes=18, saved=5),
+        "gelu_pytorch_tanh": ActivationFacts(kernels=1, passes=2, saved=2),
+        "silu": ActivationFacts(kernels=1, passes=2, saved=2),
+        "relu": ActivationFacts(kernels=1, passes=2, saved=2),
     }
 )
 

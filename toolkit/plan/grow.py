@@ -29,6 +29,9 @@ _KEPT = (
     "embedding_norm",
     "activation",
     "num_experts",
+    "qk_norm",
+    "sliding_window",
+    "sliding_window_pattern",
 )
 _WIDTH = ("hidden_size", "n_heads", "n_kv_heads", "ffn_hidden_size")
 
@@ -65,6 +68,11 @@ def depth_map(parent_layers: int, target_layers: int, method: DepthMethod) -> li
         return [(j % parent_layers, j >= parent_layers) for j in range(target_layers)]
     sources = [j * parent_layers // target_layers for j in range(target_layers)]
     return [(src, j > 0 and sources[j - 1] == src) for j, src in enumerate(sources)]
+
+
+def _is_global(spec: ModelSpec, index: int) -> bool:
+    """Block `index` attends to the whole sequence (every block, without a sliding window)."""
+    return spec.sliding_window is None or (index + 1) % spec.sliding_window_pattern == 0
 
 
 def plan_growth(
@@ -110,11 +118,27 @@ def plan_growth(
         problems.append(
             "hidden_size: ALiBi models such as BLOOM grow in depth only (the slopes depend on the head count)"
         )
+    if target.family.embedding_scale and any(v > 1 for v in factors.values()):
+        problems.append(
+            f"hidden_size: {target.architecture} models grow in depth only (the embeddings are scaled by √h, "
+            "which a wider model changes)"
+        )
     if not problems and target.n_layers == parent.n_layers and all(v == 1 for v in factors.values()):
         problems.append(f"n_layers: {target.name} has the parent's shape; nothing to grow")
     if problems:
         raise UserError("--to: " + "; ".join(problems))
     blocks = depth_map(parent.n_layers, target.n_layers, depth_method)
+    moved = [
+        i
+        for i, (j, new) in enumerate(blocks)
+        if not (new and new_blocks == "zero-out") and _is_global(target, i) != _is_global(parent, j)
+    ]
+    if moved:
+        raise UserError(
+            f"--to: target blocks {moved[:4]} would copy a parent block across the local/global layer pattern "
+            f"(every {target.sliding_window_pattern}th block attends globally), which changes what it computes; "
+            "use --depth-method stack with --new-blocks zero-out, or a depth that keeps the pattern"
+        )
     return Growth(parent, target, depth_method, new_blocks, blocks, factors)
 
 

@@ -1,8 +1,10 @@
 """Translate an HF `config.json` into a :class:`~toolkit.plan.specs.ModelSpec` without importing transformers.
 
 Key names follow the HF config classes (GPT2Config, LlamaConfig, MistralConfig, MixtralConfig, Qwen2Config,
-Qwen2MoeConfig, Qwen3MoeConfig, BloomConfig), including their defaults for keys a file leaves out, so the count of the
-resulting spec equals the HF model's.
+Qwen2MoeConfig, Qwen3MoeConfig, Gemma3TextConfig, BloomConfig), including their defaults for keys a file leaves
+out, so the count of the resulting spec equals the HF model's. Which `model_type` and class name belong to which
+family comes from `plan/architectures.py`; the per-family keys beyond the Llama-style shape are here, in one
+reader and one writer function per family.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from toolkit.errors import UserError
+from toolkit.plan.architectures import ARCHITECTURES
 
 # Training sequence length when the file only gives the position limit: long-context models (Mixtral: 32k)
 # are pre-trained on shorter sequences, and a user who means otherwise passes --seq-length.
@@ -31,9 +34,17 @@ def is_hf_config(data: dict[str, Any]) -> bool:
     return "model_type" in data or "architectures" in data
 
 
-def _model_type(data: dict[str, Any]) -> str:
+def _model_type(data: dict[str, Any], source: str) -> str:
+    """The dstk family of an HF config: by `model_type`, else by the class name in `architectures`."""
+    if "text_config" in data:  # an image-text model (Gemma 3 4B and up, Llava…) wraps its language model
+        raise UserError(
+            f"{source}: model_type {data.get('model_type')!r} is an image-text model; dstk plans the language "
+            "model: save the file's text_config as its own config.json (its model_type, e.g. gemma3_text) or use "
+            "a preset (dstk presets)"
+        )
     if "model_type" in data:
-        return str(data["model_type"])
+        model_type = str(data["model_type"])
+        return _FAMILY_BY_MODEL_TYPE.get(model_type, model_type)
     arch = str(data["architectures"][0]).lower()
     for prefix, name in _CLASS_PREFIXES:
         if arch.startswith(prefix):
@@ -41,19 +52,13 @@ def _model_type(data: dict[str, Any]) -> str:
     return arch
 
 
-# `architectures` class-name prefixes (lower case) → model_type, the first match wins: the MoE prefixes come
-# before "qwen2", since Qwen2MoeForCausalLM also starts with it
-_CLASS_PREFIXES = (
-    ("gpt2", "gpt2"),
-    ("llama", "llama"),
-    ("mixtral", "mixtral"),
-    ("mistral", "mistral"),
-    ("qwen2moe", "qwen2_moe"),
-    ("qwen3moe", "qwen3_moe"),
-    ("qwen2", "qwen2"),
-    ("bloom", "bloom"),
+_FAMILY_BY_MODEL_TYPE = {facts.model_type: name for name, facts in ARCHITECTURES.items()}
+# `architectures` class-name prefixes (lower case) → family, longest first: Qwen2MoeForCausalLM also starts
+# with "qwen2"
+_CLASS_PREFIXES = sorted(
+    ((f.hf_prefix.lower(), name) for name, f in ARCHITECTURES.items()), key=lambda p: -len(p[0])
 )
-_LLAMA_FAMILY = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3_moe")
+_LLAMA_FAMILY = tuple(name for name, f in ARCHITECTURES.items() if f.naming == "llama")
 # Qwen2MoeConfig / Qwen3MoeConfig defaults (transformers 5.x) for the MoE keys a file may leave out
 _QWEN_MOE_DEFAULTS = {
     "qwen2_moe": dict(
@@ -110,6 +115,8 @@ def _llama_family(data: dict[str, Any], model_type: str) -> dict[str, Any]:
         spec["moe_top_k"] = data.get("num_experts_per_tok", 2)
     if model_type in _QWEN_MOE_DEFAULTS:
         spec.update(_qwen_moe(data, model_type))
+    if model_type == "gemma3":
+        spec.update(_gemma3(data))
     positions = spec.get("max_position_embeddings", 4096)
     spec["seq_length"] = min(positions, DEFAULT_MAX_SEQ_LENGTH)
     return spec
@@ -141,9 +148,37 @@ def _qwen_moe(data: dict[str, Any], model_type: str) -> dict[str, Any]:
     return spec
 
 
+def _gemma3(data: dict[str, Any]) -> dict[str, Any]:
+    """Gemma3TextConfig's keys beyond the shape (transformers 5.x defaults): tanh-GeLU, a tied head, local
+    layers of `sliding_window` keys with every `sliding_window_pattern`-th layer global, or the explicit
+    `layer_types` list transformers 5 writes (which must follow such a pattern)."""
+    if data.get("use_bidirectional_attention"):
+        raise UserError(
+            "use_bidirectional_attention: true is an encoder (EmbeddingGemma); dstk trains causal LMs"
+        )
+    spec: dict[str, Any] = dict(
+        activation=data.get("hidden_activation") or data.get("hidden_act") or "gelu_pytorch_tanh",
+        tied_embeddings=data.get("tie_word_embeddings", True),
+        attention_bias=data.get("attention_bias", False),
+        sliding_window=data.get("sliding_window", 4096),
+        sliding_window_pattern=data.get("sliding_window_pattern", 6),
+    )
+    types = data.get("layer_types")
+    if types:
+        full = [i for i, t in enumerate(types) if t == "full_attention"]
+        k = full[0] + 1 if full else len(types) + 1
+        if [t == "full_attention" for t in types] != [(i + 1) % k == 0 for i in range(len(types))]:
+            raise UserError(
+                f"layer_types: {types} is not one global layer every k; dstk models Gemma's pattern "
+                "(sliding_window_pattern)"
+            )
+        spec["sliding_window_pattern"] = k
+    return spec
+
+
 def from_hf_config(data: dict[str, Any], source: str) -> dict[str, Any]:
     """ModelSpec fields for an HF config dict; raises UserError for an architecture dstk cannot count."""
-    model_type = _model_type(data)
+    model_type = _model_type(data, source)
     if model_type == "gpt2":
         spec = _gpt2(data)
     elif model_type == "bloom":
@@ -151,9 +186,10 @@ def from_hf_config(data: dict[str, Any], source: str) -> dict[str, Any]:
     elif model_type in _LLAMA_FAMILY:
         spec = _llama_family(data, model_type)
     else:
+        valid = ", ".join(f.model_type for f in ARCHITECTURES.values())
         raise UserError(
-            f"{source}: model_type: {model_type!r} is not supported; valid: gpt2, bloom, "
-            f"{', '.join(_LLAMA_FAMILY)} (or describe the shape in a dstk YAML file)"
+            f"{source}: model_type: {model_type!r} is not supported; valid: {valid} (or describe the shape in "
+            "a dstk YAML file)"
         )
     spec["name"] = (
         str(data.get("_name_or_path") or data.get("name") or model_type).rsplit("/", 1)[-1] or model_type
@@ -197,7 +233,7 @@ def to_hf_config(spec: Any) -> dict[str, Any]:
             tie_word_embeddings=spec.tied_embeddings,
         )
     cfg: dict[str, Any] = dict(
-        model_type=arch,
+        model_type=spec.family.model_type,
         num_hidden_layers=spec.n_layers,
         hidden_size=spec.hidden_size,
         num_attention_heads=spec.n_heads,
@@ -226,4 +262,15 @@ def to_hf_config(spec: Any) -> dict[str, Any]:
         )
     if arch == "qwen3_moe":
         cfg.update(attention_bias=spec.attention_bias)
+    if arch == "gemma3":
+        local = spec.sliding_window is not None
+        cfg.update(
+            hidden_activation=spec.activation,
+            attention_bias=spec.attention_bias,
+            sliding_window=spec.sliding_window,
+            layer_types=[
+                "sliding_attention" if local and (i + 1) % spec.sliding_window_pattern else "full_attention"
+                for i in range(spec.n_layers)
+            ],
+        )
     return cfg

@@ -19,7 +19,15 @@ Recompute = Literal["none", "selective", "full"]
 OffloadDevice = Literal["none", "cpu", "nvme"]
 Optimizer = Literal["adamw", "onebit-adam", "zero-one-adam"]
 
-BYTES_PER_ELEMENT: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
+BYTES_PER_ELEMENT: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
+"""Bytes of a parameter, gradient or activation element. fp8 keeps them all in bf16: only the linear layers'
+GEMM operands are cast to FP8, and the cost model prices those casts apart (toolkit/plan/cost/fp8.py)."""
+
+
+def engine_precision(precision: Precision) -> Precision:
+    """The precision the DeepSpeed engine (and Megatron's `--bf16`) runs: fp8 trains in bf16 with FP8 linear
+    GEMMs, which the engine never sees (its JSON has no FP8 key; the `dstk` block carries the layout's)."""
+    return "bf16" if precision == "fp8" else precision
 
 
 def data_parallel_size(world_size: int, tp: int = 1, pp: int = 1, sp: int = 1) -> int:
@@ -52,6 +60,8 @@ LAYOUT_FLAGS: dict[str, str] = {
     "zeropp": "--zeropp",
     "fused_kernels": "--fused-kernels",
     "flash_attention": "--flash-attention",
+    "virtual_stages": "--virtual-stages",
+    "comm_overlap": "--comm-overlap",
     "lora": "--lora",
 }
 
@@ -88,7 +98,9 @@ class LayoutRequest(BaseModel):
     `activation_checkpointing.cpu_checkpointing`, ZeRO-Infinity's activation offload): the GPU holds a few
     block inputs instead of one per block, at a PCIe copy each way per block and micro-batch."""
     precision: Precision | None = None
-    """Training precision (default: bf16 where supported, else fp16, else fp32)."""
+    """Training precision (default: bf16 where supported, else fp16, else fp32). fp8: bf16 training whose
+    linear layers (QKV, attention output, MLP) run their GEMMs in FP8 — Transformer Engine under --target
+    megatron, torchao.float8 in dstk train — on GPUs with FP8 tensor cores (Ada, Hopper and newer)."""
     optimizer: Optimizer = "adamw"
     """AdamW, or dstk's 1-bit Adam / 0/1 Adam (compressed communication, ZeRO stage 0 only)."""
     tp_sequence_parallel: bool = False
@@ -110,6 +122,15 @@ class LayoutRequest(BaseModel):
     what the runtime runs — HF modules in the DeepSpeed engine use SDPA wherever the family has it (on),
     Megatron-DeepSpeed's CoreAttention materializes the scores (off; on adds `--use-flash-attn-v2` to its
     launch). Off, the cost model prices the scores' HBM traffic and keeps them for backward."""
+    virtual_stages: int = Field(default=1, gt=0)
+    """Model chunks per pipeline rank (Megatron's interleaved 1F1B, `--num-layers-per-virtual-pipeline-stage`):
+    the bubble shrinks v-fold, (p−1)/(v·m), at v times the pipeline sends (Narayanan et al. 2021, §2.2.2)."""
+    comm_overlap: bool = False
+    """Megatron-Core's communication overlap, as NeMo and Megatron-LM's H100 recipes run it: the distributed
+    optimizer's gradient reduce-scatter behind backward and its parameter all-gather behind the next forward
+    (`--overlap-grad-reduce --overlap-param-gather`), and Transformer Engine's userbuffers hiding each TP
+    collective behind the GEMM beside it (`--tp-comm-overlap`). Off: DeepSpeed's schedule, where ZeRO-1/2's
+    all-gather of updated parameters follows the step and TP collectives sit between GEMMs."""
     lora: str | None = None
     """LoRA fine-tuning, e.g. `r=16,alpha=32[,dropout=0.05][,targets=q_proj+v_proj]`: adapters train, the
     base weights are frozen (no gradients or optimizer states for them); see toolkit/plan/lora.py."""
@@ -137,6 +158,15 @@ class Layout(LayoutRequest):
     def bytes_per_element(self) -> int:
         """Bytes of one parameter, gradient or activation element at the training precision."""
         return BYTES_PER_ELEMENT[self.precision]
+
+    @property
+    def fp8_recipe(self) -> Literal["delayed", "tensorwise"] | None:
+        """How the linear layers' GEMMs get FP8 operands (None: not an fp8 layout): Transformer Engine's delayed
+        scaling in Megatron-DeepSpeed's fused blocks, torchao.float8's dynamic tensorwise scaling in the eager
+        HF modules dstk train runs. toolkit/plan/cost/fp8.py prices both."""
+        if self.precision != "fp8":
+            return None
+        return "delayed" if self.fused_kernels else "tensorwise"
 
     @property
     def model_parallel(self) -> int:

@@ -177,6 +177,9 @@ def _gpu_cluster(gpus: list[GpuInfo], det: Detection) -> None:
         pcie_gb_per_s=round(0.78 * (e.get("pcie_gb_per_s") or 32), 1),
         gpu_power_w=float(e.get("tdp_w") or 400),
     )
+    if e.get("fp8_tflops") is not None:
+        det.cluster["gpu_fp8_peak_tflops"] = float(e["fp8_tflops"])
+        det.sources["gpu_fp8_peak_tflops"] = f"table {key}: {src}"
     det.cluster.setdefault("gpu_memory_gib", round(0.99 * e["memory_gib"] * 1e9 / GIB, 1))
     for k in (
         "gpu_peak_tflops",

@@ -139,7 +139,10 @@ def count_params(spec: ModelSpec) -> ParamCount:
     mlp_w, mlp_sb, mlp_rb = _mlp(h, spec.ffn_hidden_size, spec.gated_mlp, spec.mlp_bias)
     ew, esb, erb = _mlp(h, spec.moe_ffn_hidden_size, spec.gated_mlp, spec.mlp_bias)
     shared = spec.shared_expert_ffn_hidden_size
-    shared_params = sum(_mlp(h, shared, spec.gated_mlp, spec.mlp_bias)) + h if shared else 0
+    # HF's Qwen2-MoE block always builds the shared expert and its h → 1 gate (an MLP of width 0 without one)
+    shared_params = (
+        sum(_mlp(h, shared, spec.gated_mlp, spec.mlp_bias)) + h if spec.family.shared_expert else 0
+    )
     return ParamCount(
         word_embedding=spec.vocab_size * h,
         position_embedding=spec.max_position_embeddings * h if spec.position_embedding == "learned" else 0,
@@ -150,7 +153,7 @@ def count_params(spec: ModelSpec) -> ParamCount:
         mlp_weights=mlp_w,
         mlp_sharded_bias=mlp_sb,
         mlp_replicated_bias=mlp_rb,
-        block_norms=2 * norm + (2 * d if spec.qk_norm else 0),
+        block_norms=spec.family.norms_per_block * norm + (2 * d if spec.qk_norm else 0),
         router=h * spec.num_experts,
         shared_expert=shared_params,
         expert=ew + esb + erb,
@@ -204,7 +207,7 @@ def tensor_numels(spec: ModelSpec) -> tuple[int, ...]:
             else:
                 for _ in range(3 if spec.gated_mlp else 2):
                     out += [h * f] + ([f] if spec.mlp_bias else [])
-            out += norm() + norm()
+            out += norm() * spec.family.norms_per_block
         out += norm()
     if not spec.tied_embeddings:
         out.append(spec.vocab_size * h)
@@ -218,7 +221,7 @@ def _sparse_block_numels(spec: ModelSpec) -> list[int]:
     fs = spec.shared_expert_ffn_hidden_size
     experts = [e * 2 * fe * h, e * h * fe]
     out = [*experts, h * e] if spec.family.experts_before_router else [h * e, *experts]
-    return out + ([h * fs, h * fs, fs * h, h] if fs else [])
+    return out + ([h * fs, h * fs, fs * h, h] if spec.family.shared_expert else [])
 
 
 @lru_cache(maxsize=1024)

@@ -7,7 +7,8 @@ heads) × PP (divisors of what is left, at most one block per stage) × EP (MoE)
 - estimating memory first (the cheap half of the cost model) and walking micro-batches upwards, stopping at
   the first that does not fit (memory grows with the micro-batch);
 - trying offload only when nothing fits without it (offload adds a host or NVMe round trip to every step).
-Layouts are ranked by predicted tokens/s; within `NEAR_TIE` of the best, the simplest wins.
+Layouts are ranked by predicted tokens/s; within `NEAR_TIE` of the best, the simplest wins
+(:mod:`toolkit.plan.choice`, which also words the explanation).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from typing import Any
 from toolkit.errors import UserError
 from toolkit.plan import recipes
 from toolkit.plan.checkpoint_interval import CheckpointPlan, checkpoint_lines
+from toolkit.plan.choice import RECOMPUTE, Candidate, counterfactuals, explain, pick
 from toolkit.plan.cost.activations import runtime_flash_attention
 from toolkit.plan.cost.estimate import (
-    Estimate,
     estimate,
     estimate_memory,
     host_fits,
@@ -29,32 +30,15 @@ from toolkit.plan.cost.estimate import (
     nvme_fits,
 )
 from toolkit.plan.cost.memory import GIB, Memory
-from toolkit.plan.layout import Layout, LayoutRequest, data_parallel_size, default_precision, precision_reason
+from toolkit.plan.layout import Layout, LayoutRequest, data_parallel_size
 from toolkit.plan.params import count_params
-from toolkit.plan.query import SEARCHED, PlanQuery
+from toolkit.plan.query import PlanQuery
 from toolkit.plan.rules import broken_rules
 from toolkit.plan.specs import ClusterSpec, ModelSpec
 from toolkit.plan.units import format_bytes
 
-NEAR_TIE = 0.02
-"""Layouts within 2 % of the best predicted throughput count as ties; the simplest of them wins."""
 LONG_SEQUENCE = 16_384
 """From this sequence length on, Ulysses sequence parallelism joins the search."""
-RECOMPUTE = ("none", "selective", "full")
-
-
-@dataclass
-class Candidate:
-    """One layout the planner looked at, with its estimate (or memory only) and why it lost."""
-
-    layout: Layout
-    estimate: Estimate | None
-    total_bytes: float
-    rejected_because: str | None = None
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.estimate.tokens_per_s if self.estimate else 0.0
 
 
 @dataclass
@@ -79,25 +63,6 @@ def default_global_batch(model: ModelSpec, world_size: int) -> int:
     return world_size * 2 ** max(0, math.ceil(math.log2(max(target / world_size, 1))))
 
 
-def complexity(layout: Layout) -> tuple:
-    """Sort key: fewer moving parts first (no offload, fewer model-parallel dimensions, lower ZeRO stage…)."""
-    offload = (
-        (layout.offload_optimizer != "none") + (layout.offload_param != "none") + layout.offload_activations
-    )
-    parallel = sum(x > 1 for x in (layout.tp, layout.pp, layout.sp, layout.ep))
-    return (
-        offload,
-        layout.zeropp,
-        parallel,
-        layout.pp,
-        layout.tp,
-        layout.sp,
-        layout.zero_stage,
-        RECOMPUTE.index(layout.recompute),
-        -layout.micro_batch_size,
-    )
-
-
 def _offload_options(zero: int, cluster: ClusterSpec, allow: bool) -> list[tuple[str, str]]:
     if not allow or zero == 0:
         return [("none", "none")]
@@ -120,6 +85,7 @@ class _Search:
         self.rule_rejections: dict[str, str] = {}
         self.searched = 0
         self.closest_host: tuple[float, str] | None = None
+        self.precisions = query.precisions(cluster)
 
     def shapes(self) -> list[tuple[int, int, int, int]]:
         """(tp, pp, sp, ep) combinations that tile the world size."""
@@ -148,50 +114,63 @@ class _Search:
         return out
 
     def run(self, allow_offload: bool) -> None:
-        c, q = self.cluster, self.query
-        precision = q.precision or default_precision(c)
         # Megatron (no "deepspeed" scope) runs TP with sequence parallelism and a vocabulary-parallel
         # embedding (less memory at the same traffic, so always on) and fused kernels; HF modules in the
         # DeepSpeed engine run eager
         megatron = "deepspeed" not in self.scopes
-        fused = megatron if q.fused_kernels is None else q.fused_kernels
-        flash = runtime_flash_attention(self.model, q.flash_attention, fused)
-        for tp, pp, sp, ep in self.shapes():
-            dp = data_parallel_size(c.world_size, tp, pp, sp)
-            if self.global_batch % dp:
-                continue
-            per_rank = self.global_batch // dp
-            micros = q.options("micro_batch_size", [d for d in _divisors(per_rank) if d & (d - 1) == 0])
-            for zero in q.options("zero_stage", [0, 1, 2, 3] if pp == 1 else [0, 1]):
-                for off_opt, off_param in _offload_options(zero, c, allow_offload):
-                    if q.offload_optimizer not in (None, off_opt) or q.offload_param not in (None, off_param):
-                        continue
-                    zeropps = (
-                        [False, True] if zero == 3 and c.nodes > 1 and c.accelerator == "cuda" else [False]
-                    )
-                    for zeropp in q.options("zeropp", zeropps):
-                        for recompute, act_off in self._recompute_options(allow_offload):
-                            megatron_tp = tp > 1 and megatron
-                            base = dict(
-                                tp_sequence_parallel=_pinned(q.tp_sequence_parallel, megatron_tp),
-                                tp_vocab_parallel=_pinned(q.tp_vocab_parallel, megatron_tp),
-                                zero_stage=zero,
-                                tp=tp,
-                                pp=pp,
-                                sp=sp,
-                                ep=ep,
-                                recompute=recompute,
-                                offload_optimizer=off_opt,
-                                offload_param=off_param,
-                                offload_activations=act_off,
-                                precision=precision,
-                                optimizer=q.optimizer or "adamw",
-                                lora=q.lora,
-                                zeropp=zeropp,
-                                fused_kernels=fused,
-                                flash_attention=flash,
-                            )
-                            self._walk_micro(base, dp, micros)
+        fused = megatron if self.query.fused_kernels is None else self.query.fused_kernels
+        shapes = self.shapes()
+        for precision in self.precisions:
+            flash = runtime_flash_attention(self.model, self.query.flash_attention, fused, precision)
+            for shape in shapes:
+                self._run_shape(shape, precision, fused, flash, megatron, allow_offload)
+
+    def _run_shape(
+        self,
+        shape: tuple[int, int, int, int],
+        precision: str,
+        fused: bool,
+        flash: bool,
+        megatron: bool,
+        allow_offload: bool,
+    ) -> None:
+        c, q = self.cluster, self.query
+        tp, pp, sp, ep = shape
+        dp = data_parallel_size(c.world_size, tp, pp, sp)
+        if self.global_batch % dp:
+            return
+        per_rank = self.global_batch // dp
+        # every divisor, not only powers of two: a global batch of 504 on 8 ranks (63 per rank) has none
+        # but 1, and experts' micro-batch 3 ran faster than anything a power-of-two search can offer
+        micros = q.options("micro_batch_size", _divisors(per_rank))
+        for zero in q.options("zero_stage", [0, 1, 2, 3] if pp == 1 else [0, 1]):
+            for off_opt, off_param in _offload_options(zero, c, allow_offload):
+                if q.offload_optimizer not in (None, off_opt) or q.offload_param not in (None, off_param):
+                    continue
+                zeropps = [False, True] if zero == 3 and c.nodes > 1 and c.accelerator == "cuda" else [False]
+                for zeropp in q.options("zeropp", zeropps):
+                    for recompute, act_off in self._recompute_options(allow_offload):
+                        megatron_tp = tp > 1 and megatron
+                        base = dict(
+                            tp_sequence_parallel=_pinned(q.tp_sequence_parallel, megatron_tp),
+                            tp_vocab_parallel=_pinned(q.tp_vocab_parallel, megatron_tp),
+                            zero_stage=zero,
+                            tp=tp,
+                            pp=pp,
+                            sp=sp,
+                            ep=ep,
+                            recompute=recompute,
+                            offload_optimizer=off_opt,
+                            offload_param=off_param,
+                            offload_activations=act_off,
+                            precision=precision,
+                            optimizer=q.optimizer or "adamw",
+                            lora=q.lora,
+                            zeropp=zeropp,
+                            fused_kernels=fused,
+                            flash_attention=flash,
+                        )
+                        self._walk_micro(base, dp, micros)
 
     def _misfit(self, mem: Memory) -> str | None:
         """Why a layout does not fit (None when it does): the accelerator, the host or the NVMe. A layout the
@@ -249,75 +228,6 @@ def _pinned(value: bool | None, default: bool) -> bool:
     return default if value is None else value
 
 
-def _pick(fitting: list[Candidate]) -> Candidate:
-    top = max(c.tokens_per_s for c in fitting)
-    ties = [c for c in fitting if c.tokens_per_s >= (1 - NEAR_TIE) * top]
-    return min(ties, key=lambda c: complexity(c.layout))
-
-
-def _counterfactuals(best: Candidate, search: _Search) -> list[tuple[str, Candidate]]:
-    """For each dimension, the best layout that differs from the winner there (fitting, else smallest)."""
-    out = []
-    for dim in SEARCHED:
-        mine = getattr(best.layout, dim)
-        others = [c for c in search.fitting if getattr(c.layout, dim) != mine]
-        if others:
-            alt = max(others, key=lambda c: c.tokens_per_s)
-            loss = 1 - alt.tokens_per_s / best.tokens_per_s
-            why = f"{loss:.1%} fewer tokens/s" if loss > 0 else "within the near-tie band but more complex"
-            out.append((dim, Candidate(alt.layout, alt.estimate, alt.total_bytes, why)))
-            continue
-        big = [c for c in search.too_big if getattr(c.layout, dim) != mine]
-        if big:
-            alt = min(big, key=lambda c: c.total_bytes)
-            out.append((dim, alt))
-    return out
-
-
-def _memory_line(mem: Memory, search: _Search) -> str:
-    """The peak per GPU against the usable memory, as parts that add up to it."""
-    parts = [
-        f"model states {format_bytes(mem.engine.device_bytes, 1)}",
-        f"activations {format_bytes(mem.activations, 1)}",
-        f"buffers {format_bytes(mem.buffers, 1)}",
-        f"framework overhead {format_bytes(mem.framework_overhead, 1)}",
-    ]
-    if mem.step_transient_excess:
-        parts.append(
-            f"optimizer step above activations + buffers {format_bytes(mem.step_transient_excess, 1)}"
-        )
-    return (
-        f"Memory per GPU {format_bytes(mem.total, 1)} of {format_bytes(search.usable, 1)} usable "
-        f"({search.cluster.gpu_memory_gib:g} GiB less the safety margin): {' + '.join(parts)}."
-    )
-
-
-def _explain(best: Candidate, alternatives: list[tuple[str, Candidate]], search: _Search) -> list[str]:
-    est = best.estimate
-    assert est is not None
-    mem, t = est.memory, est.time
-    lines = [
-        f"{best.layout.describe()}: {est.tokens_per_s:,.0f} tokens/s, MFU {est.mfu:.1%}, step {t.total_s:.3g} s; "
-        f"best of {len(search.fitting)} fitting layouts ({search.searched} estimated).",
-        _memory_line(mem, search),
-        f"Step time {t.total_s:.3g} s: compute {t.compute_s:.3g}, pipeline bubble {t.pipeline_bubble_s:.3g}, "
-        f"TP/EP/SP/PP comm {t.model_parallel_comm_s:.3g}, exposed data-parallel comm {t.data_parallel_comm_s:.3g}, "
-        f"optimizer {t.optimizer_s:.3g}, offload {t.offload_s:.3g}.",
-    ]
-    for dim, alt in alternatives:
-        lines.append(
-            f"{dim} = {getattr(alt.layout, dim)} instead: {alt.rejected_because} ({alt.layout.describe()})."
-        )
-    precision = best.layout.precision
-    if search.query.precision is not None:
-        lines.append(f"Precision {precision}: as requested.")
-    else:
-        lines.append(f"Precision {precision_reason(search.cluster, precision)}.")
-    for name, msg in sorted(search.rule_rejections.items()):
-        lines.append(f"Excluded by rule {name}: {msg}.")
-    return lines
-
-
 def plan(model: ModelSpec, cluster: ClusterSpec, query: PlanQuery | None = None) -> Plan | None:
     """The best fitting layout with its explanation, or None when nothing fits even with offload."""
     query = query or PlanQuery()
@@ -328,11 +238,11 @@ def plan(model: ModelSpec, cluster: ClusterSpec, query: PlanQuery | None = None)
         search.run(allow_offload=True)
     if not search.fitting:
         return None
-    best = _pick(search.fitting)
-    alternatives = _counterfactuals(best, search)
+    best = pick(search.fitting)
+    alternatives = counterfactuals(best, search)
     assert best.estimate is not None
     ckpt = best.estimate.checkpoint_plan()
-    explanation = _explain(best, alternatives, search)
+    explanation = explain(best, alternatives, search)
     explanation[3:3] = checkpoint_lines(ckpt, cluster)
     return Plan(
         best=best,

@@ -12,13 +12,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from toolkit.plan.layout import LayoutRequest, OffloadDevice, Optimizer, Recompute
-from toolkit.plan.specs import Precision
+from toolkit.errors import UserError
+from toolkit.plan.fp8_support import hardware_problem
+from toolkit.plan.layout import LayoutRequest, OffloadDevice, Optimizer, Recompute, default_precision
+from toolkit.plan.specs import ClusterSpec, Precision
 
 DEFAULT_MARGIN = 0.10
 """Fraction of accelerator memory kept free for allocator fragmentation and transient peaks."""
 DEFAULT_SCOPES = ("layout", "deepspeed")
-"""Rule scopes of a plan for the DeepSpeed engine; ("layout",) plans for Megatron-DeepSpeed."""
+"""Rule scopes of a plan for the DeepSpeed engine; ("layout", "megatron") plans for Megatron-DeepSpeed."""
 
 SEARCHED = (
     "zero_stage",
@@ -66,6 +68,27 @@ class PlanQuery(BaseModel):
     """None: GPT-3's batch for the model size (`default_global_batch`)."""
     margin: float = Field(default=DEFAULT_MARGIN, ge=0, lt=1)
     scopes: tuple[str, ...] = DEFAULT_SCOPES
+    allow_fp8: bool = Field(
+        default=False,
+        description="weigh fp8 (the linear layers' GEMMs in FP8, the rest bf16) against the cluster's default "
+        "precision and keep it where it is faster and fits; needs FP8 tensor cores (Ada, Hopper and newer) and "
+        "no --precision",
+    )
+
+    def precisions(self, cluster: ClusterSpec) -> list[Precision]:
+        """The precisions the search tries: the pinned one, else the cluster's fastest, and fp8 beside it with
+        `allow_fp8` (one line when the flags contradict each other or the cluster has no FP8)."""
+        if self.precision is not None:
+            if self.allow_fp8:
+                raise UserError(f"--allow-fp8: --precision {self.precision} pins the precision; drop one")
+            return [self.precision]
+        default = default_precision(cluster)
+        if not self.allow_fp8:
+            return [default]
+        problem = hardware_problem(cluster)
+        if problem:
+            raise UserError(f"--allow-fp8: {problem}")
+        return [default, "fp8"]
 
     @classmethod
     def pinning(cls, request: LayoutRequest, **search: Any) -> PlanQuery:
@@ -79,7 +102,7 @@ class PlanQuery(BaseModel):
 
     def pins(self) -> dict[str, Any]:
         """The pinned layout dimensions by field name (what a re-run of the same query must pass as flags)."""
-        search = {"global_batch_size", "margin", "scopes"}
+        search = {"global_batch_size", "margin", "scopes", "allow_fp8"}
         return {k: v for k, v in self.model_dump().items() if v is not None and k not in search}
 
     def options(self, name: str, values: list[Any]) -> list[Any]:

@@ -12,9 +12,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from toolkit.errors import UserError
+from toolkit.plan import fp8_support
 from toolkit.plan.architectures import supporting
 from toolkit.plan.cost.activations import runtime_flash_attention
 from toolkit.plan.layout import Layout, LayoutRequest, batch_arithmetic, data_parallel_size, default_precision
+from toolkit.plan.sequence_parallel import (
+    sp_architecture,
+    sp_dense_data_parallel,
+    sp_divides,
+    sp_divides_accumulation,
+)
 from toolkit.plan.specs import ClusterSpec, ModelSpec
 
 Check = Callable[[ModelSpec, ClusterSpec, LayoutRequest, int], "str | None"]
@@ -26,7 +33,9 @@ class Rule:
     check: Check
     scope: str = "layout"
     """"layout": no layout can break it and exist; "deepspeed": what dstk's DeepSpeed run path (HF models in
-    the DeepSpeed engine) cannot run here, though another runtime (e.g. Megatron-DeepSpeed) might."""
+    the DeepSpeed engine) cannot run here, though another runtime (e.g. Megatron-DeepSpeed) might; "megatron":
+    what Megatron-DeepSpeed (`--target megatron`) cannot run; "runs": what no runtime dstk configures can run
+    (knobs `dstk estimate` prices for other stacks' published runs)."""
 
 
 def _divisors(n: int) -> list[int]:
@@ -91,8 +100,8 @@ def _offload_activations_needs_full(m: ModelSpec, c: ClusterSpec, r: LayoutReque
 
 
 def _precision_supported(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
-    if r.precision and not c.supports(r.precision):
-        valid = [p for p in ("bf16", "fp16", "fp32") if c.supports(p)]
+    if r.precision and r.precision != "fp8" and not c.supports(r.precision):
+        valid = [p for p in ("bf16", "fp16", "fp32", "fp8") if c.supports(p)]
         return (
             f"--precision: {r.precision} is not supported on {c.accelerator} accelerators of cluster {c.name}; "
             f"valid: {', '.join(valid)}"
@@ -124,74 +133,6 @@ def _ep_divides(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str 
     if dp % r.ep:
         return f"--ep: the data-parallel degree dp({dp}) must be divisible by ep({r.ep})"
     return None
-
-
-def _sp_divides(m: ModelSpec, r: LayoutRequest, dp: int) -> str | None:
-    """Ulysses scatters attention heads over the sequence-parallel group (Jacobs et al. 2023)."""
-    if r.sp == 1:
-        return None
-    if (m.n_heads // r.tp) % r.sp or m.seq_length % r.sp:
-        return (
-            f"--sp: heads per TP rank ({m.n_heads // r.tp}) and seq_length({m.seq_length}) must be divisible "
-            f"by sp({r.sp})"
-        )
-    kv = max(m.n_kv_heads // r.tp, 1)
-    if kv % r.sp and r.sp % kv:
-        # DeepSpeed's UlyssesSPAttentionHF splits the kv heads over the group or replicates them to it
-        # (ulysses_sp.py: "KV attention head count ... is not divisible by SP size ... or vice versa")
-        return f"--sp: kv heads per TP rank ({kv}) and sp({r.sp}) must divide one another"
-    return None
-
-
-def _sp_architecture(m: ModelSpec, r: LayoutRequest, dp: int) -> str | None:
-    """DeepSpeed-Ulysses' HF path replaces transformers' SDPA attention function (it refuses eager attention,
-    which needs a 4-D mask over the whole sequence) and hands back the heads merged; see the architecture
-    table's `ulysses` for which families reshape that as it expects."""
-    if r.sp > 1 and not m.family.ulysses:
-        why = "its attention reshapes Ulysses' output wrongly" if m.family.sdpa else "no SDPA attention"
-        return f"--sp: DeepSpeed-Ulysses runs {', '.join(supporting('ulysses'))} models, not {m.architecture} ({why})"
-    return None
-
-
-def _sp_dense_data_parallel(m: ModelSpec, r: LayoutRequest, dp: int) -> str | None:
-    """What dstk's Ulysses path is verified with: dense models over data parallelism and ZeRO, AdamW. AutoTP and
-    MoE groups beside the sequence-parallel mpu, and the 1-bit optimizers (which average over every rank), are
-    not wired or tested with it."""
-    if r.sp > 1 and (r.tp > 1 or m.is_moe or r.optimizer != "adamw"):
-        return (
-            f"--sp: dstk runs Ulysses for dense models with ZeRO and AdamW; got tp={r.tp}, "
-            f"num_experts={m.num_experts}, optimizer={r.optimizer}"
-        )
-    return None
-
-
-def _sp_divides_accumulation(m: ModelSpec, r: LayoutRequest, dp: int) -> str | None:
-    """DeepSpeed's `UlyssesSPDataLoaderAdapter` gathers one micro-batch from every rank of a group and the whole
-    group trains each in turn, so a data-parallel rank's micro-batches of a step come in groups of sp."""
-    if r.sp == 1:
-        return None
-    try:
-        _, accum = batch_arithmetic(
-            r.micro_batch_size, dp, r.global_batch_size, r.gradient_accumulation_steps
-        )
-    except UserError:
-        return None  # the batch arithmetic reports itself
-    if accum % r.sp:
-        return (
-            f"--sp: gradient_accumulation_steps({accum}) must be a multiple of sp({r.sp}) (each rank of a "
-            f"sequence-parallel group brings accum / sp micro-batches); use --global-batch "
-            f"{r.micro_batch_size * dp * r.sp * max(1, accum // r.sp)}"
-        )
-    return None
-
-
-_ULYSSES_CHECKS = (_sp_divides, _sp_architecture, _sp_dense_data_parallel, _sp_divides_accumulation)
-
-
-def ulysses_problems(model: ModelSpec, request: LayoutRequest, dp: int) -> list[str]:
-    """Messages of the Ulysses rules `request` breaks: `dstk train` checks them again (toolkit.parallel.ulysses),
-    since a config dstk did not write never met the planner's rules. They read no cluster."""
-    return [msg for check in _ULYSSES_CHECKS if (msg := check(model, request, dp))]
 
 
 def _cluster_free(check: Callable[[ModelSpec, LayoutRequest, int], str | None]) -> Check:
@@ -303,8 +244,30 @@ def _hf_attention_is_the_runtime(m: ModelSpec, c: ClusterSpec, r: LayoutRequest,
     )
 
 
+def _virtual_stages_need_pp(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """An interleaved pipeline gives each of the p ranks v chunks of whole blocks."""
+    if r.virtual_stages > 1 and (r.pp == 1 or m.n_layers % (r.pp * r.virtual_stages)):
+        return (
+            f"--virtual-stages: {r.virtual_stages} chunks per rank need --pp > 1 and n_layers({m.n_layers}) "
+            f"divisible by pp({r.pp}) × virtual stages({r.virtual_stages})"
+        )
+    return None
+
+
+def _megatron_core_only(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """Interleaved pipelines and Megatron-Core's communication overlap are runtimes dstk prices (published runs,
+    `dstk estimate`) but does not run: DeepSpeed's pipeline engine is plain 1F1B and overlaps no TP collective,
+    and Megatron-DeepSpeed (`--target megatron`) has neither."""
+    if r.virtual_stages > 1:
+        return "--virtual-stages: Megatron-Core's interleaved schedule; DeepSpeed's and Megatron-DeepSpeed's pipelines run plain 1F1B"
+    if r.comm_overlap:
+        return "--comm-overlap: Megatron-Core's overlaps (--overlap-param-gather, --tp-comm-overlap); DeepSpeed and Megatron-DeepSpeed run without them"
+    return None
+
+
 RULES: tuple[Rule, ...] = (
     Rule("tp_divides_heads", _tp_divides_heads),
+    Rule("virtual_stages_need_pp", _virtual_stages_need_pp),
     Rule("pp_le_layers", _pp_le_layers),
     Rule("pipeline_needs_zero_le_1", _pipeline_zero),
     Rule("param_offload_needs_zero3", _param_offload_needs_zero3),
@@ -313,10 +276,11 @@ RULES: tuple[Rule, ...] = (
     Rule("nvme_needs_local_nvme", _nvme_present),
     Rule("offload_activations_needs_full_recompute", _offload_activations_needs_full),
     Rule("precision_supported", _precision_supported),
+    Rule("fp8_needs_hopper_or_ada", fp8_support.needs_fp8_tensor_cores),
     Rule("onebit_needs_zero0", _onebit_needs_zero0),
     Rule("ep_needs_moe", _ep_needs_moe),
     Rule("ep_divides_experts_and_dp", _ep_divides),
-    Rule("sp_divides_heads_and_seq", _cluster_free(_sp_divides)),
+    Rule("sp_divides_heads_and_seq", _cluster_free(sp_divides)),
     Rule("zeropp_needs_zero3", _zeropp_needs_zero3),
     Rule("tp_sequence_parallel_needs_tp", _tp_sp_needs_tp),
     Rule("zeropp_needs_cuda", _zeropp_needs_cuda),
@@ -326,11 +290,14 @@ RULES: tuple[Rule, ...] = (
     Rule("native_moe_needs_zero_le_2", _native_moe_zero3, scope="deepspeed"),
     Rule("tp_sequence_parallel_needs_megatron", _tp_sp_needs_megatron, scope="deepspeed"),
     Rule("hf_attention_is_the_runtime", _hf_attention_is_the_runtime, scope="deepspeed"),
+    Rule("megatron_core_runtime_only", _megatron_core_only, scope="runs"),
     Rule("lora_targets_exist", _lora_targets),
     Rule("lora_is_data_parallel", _lora_data_parallel, scope="deepspeed"),
-    Rule("sp_supports_architecture", _cluster_free(_sp_architecture), scope="deepspeed"),
-    Rule("sp_is_dense_data_parallel", _cluster_free(_sp_dense_data_parallel), scope="deepspeed"),
-    Rule("sp_divides_accumulation", _cluster_free(_sp_divides_accumulation), scope="deepspeed"),
+    Rule("fp8_converts_hf_linear_layers", _cluster_free(fp8_support.torchao_converts), scope="deepspeed"),
+    Rule("fp8_fits_transformer_engine_layer", _cluster_free(fp8_support.te_layer_builds), scope="megatron"),
+    Rule("sp_supports_architecture", _cluster_free(sp_architecture), scope="deepspeed"),
+    Rule("sp_is_dense_data_parallel", _cluster_free(sp_dense_data_parallel), scope="deepspeed"),
+    Rule("sp_divides_accumulation", _cluster_free(sp_divides_accumulation), scope="deepspeed"),
 )
 
 
@@ -383,7 +350,9 @@ def resolve_layout(
     )
     fields = request.model_dump()
     fields.update(
-        flash_attention=runtime_flash_attention(model, request.flash_attention, request.fused_kernels),
+        flash_attention=runtime_flash_attention(
+            model, request.flash_attention, request.fused_kernels, request.precision
+        ),
         precision=request.precision or default_precision(cluster),
         dp=dp,
         world_size=world,

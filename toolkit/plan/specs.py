@@ -14,11 +14,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from toolkit.plan.architectures import ARCHITECTURES, ArchitectureFacts
+from toolkit.plan.architectures import ACTIVATIONS, ARCHITECTURES, ArchitectureFacts
 
-Architecture = Literal["gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3_moe", "bloom"]
+# Exactly the families and activations of plan/architectures.py's tables: a new family is a table entry, and
+# pydantic's error for any other name lists the valid ones.
+Architecture = Literal[tuple(ARCHITECTURES)]  # type: ignore[valid-type]
+Activation = Literal[tuple(ACTIVATIONS)]  # type: ignore[valid-type]
 Accelerator = Literal["cuda", "cpu", "xpu", "hpu", "npu", "mps"]
-Precision = Literal["bf16", "fp16", "fp32"]
+Precision = Literal["bf16", "fp16", "fp32", "fp8"]
+"""Training precision. `fp8` is bf16 training whose linear layers run their GEMMs in FP8 (Transformer Engine,
+torchao.float8): weights, gradients, optimizer states and activations stay bf16 (toolkit/plan/cost/fp8.py)."""
 
 _STRICT = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
@@ -78,9 +83,10 @@ class ModelSpec(BaseModel):
     """LayerNorm (weight + bias) or RMSNorm (weight only) (default by architecture)."""
     embedding_norm: bool | None = None
     """A LayerNorm right after the word embeddings, as in BLOOM (default by architecture)."""
-    activation: Literal["gelu", "gelu_new", "silu", "relu"] | None = None
+    activation: Activation | None = None
     """MLP activation (HF names): gelu (exact, or Megatron's fused), gelu_new (GPT-2's tanh approximation in
-    five elementwise ops, which keeps more activations), silu (SwiGLU)."""
+    eight elementwise ops, which keeps more activations), gelu_pytorch_tanh (the same approximation in one
+    kernel: Gemma's GeGLU), silu (SwiGLU), relu."""
     dropout: bool | None = None
     """Dropout after attention, residuals and embeddings (GPT-2: yes; Llama, BLOOM: none); masks cost memory."""
     num_experts: int = Field(default=0, ge=0)
@@ -100,7 +106,14 @@ class ModelSpec(BaseModel):
     """Inner width of an always-on shared expert beside the routed ones, with a sigmoid gate h → 1
     (Qwen2-MoE's `shared_expert_intermediate_size`); 0: none."""
     qk_norm: bool = False
-    """RMSNorm over each head's query and key (Qwen3): 2·head_dim weights per block (default by architecture)."""
+    """RMSNorm over each head's query and key (Qwen3, Gemma 3): 2·head_dim weights per block (default by
+    architecture)."""
+    sliding_window: int | None = Field(default=None, gt=0)
+    """Keys a local-attention layer sees (Gemma 3: 512 in the 1B, 1024 above); None: every layer attends to
+    the whole sequence. Only families whose HF model has local layers accept it."""
+    sliding_window_pattern: int = Field(default=1, gt=0)
+    """With a sliding window, every k-th block attends globally and the others locally (Gemma 3: 6, i.e. five
+    local layers to one global one)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -149,6 +162,11 @@ class ModelSpec(BaseModel):
             raise ValueError(
                 f"moe_layer_interval: {self.moe_layer_interval} exceeds n_layers({self.n_layers}); no block would be MoE"
             )
+        if self.sliding_window is not None and not self.family.local_attention:
+            raise ValueError(
+                f"sliding_window: HF's {self.architecture} attends globally in every layer; local layers exist in "
+                f"{', '.join(n for n, f in ARCHITECTURES.items() if f.local_attention)} models"
+            )
         if self.position_embedding == "learned" and self.max_position_embeddings < self.seq_length:
             raise ValueError(
                 f"seq_length: {self.seq_length} exceeds max_position_embeddings({self.max_position_embeddings})"
@@ -163,6 +181,14 @@ class ModelSpec(BaseModel):
     def family(self) -> ArchitectureFacts:
         """What dstk knows about this model's architecture family (toolkit/plan/architectures.py)."""
         return ARCHITECTURES[self.architecture]
+
+    @property
+    def n_local_layers(self) -> int:
+        """Blocks that attend through the sliding window: all but every `sliding_window_pattern`-th (HF
+        Gemma3TextConfig: layer i is global when (i + 1) % pattern == 0)."""
+        if self.sliding_window is None:
+            return 0
+        return self.n_layers - self.n_layers // self.sliding_window_pattern
 
     @property
     def n_moe_layers(self) -> int:
@@ -210,6 +236,14 @@ class ClusterSpec(BaseModel):
     """Node hostnames for the hostfile (default: localhost for one node)."""
     gpu_fp32_peak_tflops: float | None = Field(default=None, gt=0)
     """fp32 (non-tensor-core) peak per accelerator, TFLOP/s (default: gpu_peak_tflops / 16, the A100 ratio)."""
+    gpu_fp8_peak_tflops: float | None = Field(default=None, gt=0)
+    """Dense FP8 tensor-core peak per accelerator, TFLOP/s (E4M3/E5M2 inputs, fp32 accumulation, no sparsity;
+    presets/gpus.yaml's `fp8_tflops`). None: no FP8 tensor cores (before Ada/Hopper), so no `--precision fp8`."""
+    gpu_fp8_matmul_efficiency: float | None = Field(default=None, gt=0, le=1)
+    """Sustained fraction of the FP8 peak that training-sized FP8 GEMMs reach (default: gpu_matmul_efficiency).
+    The best FP8 GEMMs reach a smaller share of their doubled peak than bf16 ones — 70.9 % of 1979 against
+    80.3 % of 989 on H100 SXM, 73.4 % on H200 (stas00/ml-engineering, "Maximum Achievable Matmul FLOPS") —
+    so the H100/H200 presets scale their bf16 efficiency by that ratio."""
     supports_bf16: bool = True
     """bf16 arithmetic is available (false on V100-class GPUs)."""
     supports_fp16: bool | None = None
@@ -238,7 +272,12 @@ class ClusterSpec(BaseModel):
     differ — gloo on CPU runs all-gather and reduce-scatter at a third of its all-reduce; `dstk calibrate`
     measures it. Unset (NCCL, whose rings give every collective the same bus bandwidth): intra_node_gb_per_s."""
     collective_latency_us: float = Field(default=10, ge=0)
-    """Fixed cost of one collective call (launch + synchronisation), microseconds."""
+    """Host cost of issuing one collective call, microseconds, beyond the latency of the algorithm NCCL runs
+    (toolkit.plan.cost.comm); on the CPU accelerator the whole per-call cost of gloo, as calibrated."""
+    nccl_ll128_across_nodes: bool = False
+    """NCCL runs its LL128 protocol over the network: on Hopper and newer GPUs only (NCCL tuning.cc:518-536,
+    `NCCL_LL128` enabled up to PXN paths on sm90+, up to PXB before), so on an A100 cluster a medium message
+    that crosses nodes runs LL (half the bandwidth, capped) or Simple (14 µs network steps)."""
     gpu_power_w: float = Field(default=400, gt=0)
     """Board power per accelerator under training load, W (for energy estimates)."""
     kernel_launch_us: float = Field(default=5, ge=0)
@@ -297,9 +336,22 @@ class ClusterSpec(BaseModel):
         return self.nodes * self.gpus_per_node
 
     def peak_flops(self, precision: Precision) -> float:
-        """Peak FLOP/s per accelerator at the training precision."""
+        """Peak FLOP/s per accelerator at the training precision (fp8: of its FP8 GEMMs, MFU's denominator for
+        an fp8 run as in NVIDIA's published tables)."""
+        if precision == "fp8":
+            if self.gpu_fp8_peak_tflops is None:
+                raise ValueError(f"cluster {self.name} has no FP8 peak (gpu_fp8_peak_tflops)")
+            return self.gpu_fp8_peak_tflops * 1e12
         tflops = self.gpu_fp32_peak_tflops if precision == "fp32" else self.gpu_peak_tflops
         return tflops * 1e12
 
+    def fp8_matmul_efficiency(self) -> float:
+        """The sustained fraction of the FP8 peak (gpu_fp8_matmul_efficiency, else gpu_matmul_efficiency)."""
+        return self.gpu_fp8_matmul_efficiency or self.gpu_matmul_efficiency
+
     def supports(self, precision: Precision) -> bool:
+        """Whether the accelerator trains in `precision`; fp8 needs FP8 tensor cores on CUDA and bf16 beside
+        them (everything but the linear layers' GEMMs stays bf16)."""
+        if precision == "fp8":
+            return self.accelerator == "cuda" and self.gpu_fp8_peak_tflops is not None and self.supports_bf16
         return {"bf16": self.supports_bf16, "fp16": bool(self.supports_fp16), "fp32": True}[precision]

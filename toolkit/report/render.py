@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from toolkit.plan.layout import engine_precision
 from toolkit.plan.params import count_params
 from toolkit.plan.units import GIB, UNITS_NOTE, format_bytes, format_count
 
@@ -25,6 +26,7 @@ def memory_labels(precision: str | None = None) -> dict[str, str]:
     """What each part of `Memory.parts()` (the JSON's `memory_per_gpu_bytes`) is, for people."""
     return {
         "params": f"params ({precision + ' ' if precision else ''}working copy)",
+        "fp8_weight_copies": "FP8 weight copies (Transformer Engine)",
         "gradients": "gradients",
         "optimizer_states": "optimizer states (fp32 master, moments)",
         "activations": "activations",
@@ -76,9 +78,14 @@ def mfu_line(est: Estimate) -> str:
     """Throughput in one sentence: model TFLOP/s per GPU and the MFU they make of the precision's peak, and the
     TFLOP/s executed with recomputation (never fewer)."""
     peak = est.peak_flops / 1e12
+    fp8 = (
+        " (its linear layers' GEMMs; attention, norms and LM head run at bf16's)"
+        if est.layout.fp8_recipe
+        else ""
+    )
     return (
         f"{est.tokens_per_s:,.0f} tokens/s; MFU {est.mfu:.1%} = {est.tflops_per_gpu:,.4g} TFLOP/s per GPU of "
-        f"model FLOPs / {est.layout.precision} peak {peak:,.4g} TFLOP/s; {est.hardware_tflops_per_gpu:,.4g} "
+        f"model FLOPs / {est.layout.precision} peak {peak:,.4g} TFLOP/s{fp8}; {est.hardware_tflops_per_gpu:,.4g} "
         "TFLOP/s executed (recomputation included)"
     )
 
@@ -99,10 +106,11 @@ def print_estimate(est: Estimate, title: str | None = None) -> None:
     mem = Table(title=f"Memory per GPU (most loaded pipeline stage; peak in {phase})", show_header=True)
     mem.add_column("part")
     mem.add_column("size", justify="right")
-    labels = memory_labels(est.layout.precision)
+    labels = memory_labels(engine_precision(est.layout.precision))
     parts = m.parts()
     for key, value in parts.items():
-        mem.add_row(labels[key], format_bytes(value))
+        if key != "fp8_weight_copies" or value:  # a row of zeros for every layout that is not fp8: noise
+            mem.add_row(labels[key], format_bytes(value))
     mem.add_section()
     mem.add_row("total", format_bytes(sum(parts.values())))
     mem.add_row("capacity", format_bytes(est.capacity_bytes))

@@ -176,9 +176,10 @@ def schedule_note(steps: int, config: dict[str, Any]) -> str | None:
     )
 
 
-def prepare_run(args: Any, world: int) -> tuple[Any, list[str]]:
+def prepare_run(args: Any, world: int, cluster: Any = None) -> tuple[Any, list[str]]:
     """`dstk train`'s flags → (a checked TrainRun, notes to say once). Raises a one-line UserError for any
-    mistake a rank would otherwise meet; reads and writes nothing but probe files."""
+    mistake a rank would otherwise meet; reads and writes nothing but probe files. `cluster`: the one `dstk
+    launch` starts the ranks on (default: --cluster, else this machine when the config's world is this one)."""
     from toolkit.integrations.ds_input import read_ds_config, scheduled_steps
     from toolkit.integrations.ds_layout import request_from_config
     from toolkit.integrations.dstk_block import read_dstk_block
@@ -236,11 +237,13 @@ def prepare_run(args: Any, world: int) -> tuple[Any, list[str]]:
         data_fingerprint(args.data),
         args.new_data,
     )
-    cluster = None
-    if args.cluster:
+    if cluster is None and args.cluster:
         cluster = load_cluster(args.cluster)
-    elif block.layout is None or block.layout.world_size == world:
+    elif cluster is None and (block.layout is None or block.layout.world_size == world):
         cluster = load_cluster("local", {"gpus_per_node": world})
+    from toolkit.run.fp8 import preflight
+
+    preflight(model, cluster, request)
     loop = LoopOptions(
         steps=steps,
         log_every=max(args.log_every, 1),

@@ -206,6 +206,10 @@ def main(run: TrainRun) -> dict[str, Any]:
         check_data(run.model, data)
         seed_everything(run.loop.seed)
         model = build_model(run.model, run.config, run.init_from)
+        if layout.precision == "fp8":  # torchao.float8 on the linear layers (toolkit/run/fp8.py)
+            from toolkit.run import fp8
+
+            fp8.apply(model, rt.is_main)
         if run.lora:
             from toolkit.plan.lora import parse_lora
             from toolkit.run.lora import apply_lora

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from toolkit.plan.architectures import ACTIVATIONS
 from toolkit.plan.layout import Layout, LayoutRequest
 from toolkit.plan.specs import ModelSpec
 
@@ -47,39 +48,48 @@ class ActivationTerms:
 
 
 def _mlp_saved(model: ModelSpec) -> int:
-    """Tensors of the MLP's inner width autograd keeps: a fused GeLU (Megatron, nn.GELU) its input and the
-    second matmul's input, 2; a gated MLP gate, up, act(gate) and their product, 4; HF GPT-2's `gelu_new`
-    (tanh approximation written as eight elementwise ops) 5: its input x, tanh(·), 0.5·x, 1 + tanh(·) and the
-    output, which is the second matmul's input (counted with autograd's saved-tensor hooks on the HF module;
-    tests/test_estimate.py)."""
-    if model.gated_mlp:
-        return 4
-    return 5 if model.activation == "gelu_new" else 2
+    """Tensors of the MLP's inner width autograd keeps: a gated MLP gate, up, act(gate) and their product, 4;
+    an ungated one what `plan/architectures.py`'s ACTIVATIONS says (a fused GeLU its input and the second
+    matmul's input, 2; HF GPT-2's eight-op `gelu_new` 5)."""
+    return 4 if model.gated_mlp else ACTIVATIONS[model.activation].saved
 
 
-def block_terms(model: ModelSpec, tokens: int, act_bytes: int, moe: bool) -> ActivationTerms:
-    """Activation terms of one block for `tokens` = s·b tokens at `act_bytes` per element."""
+def block_terms(
+    model: ModelSpec, tokens: int, act_bytes: int, moe: bool, fp8_inputs: bool = False
+) -> ActivationTerms:
+    """Activation terms of one block for `tokens` = s·b tokens at `act_bytes` per element.
+
+    `fp8_inputs`: the linear layers save their input as an FP8 copy (1 byte) for the weight gradient, as
+    Transformer Engine does (performance_considerations.rst, "Activations saved for backward": BF16 keeps a
+    2 MB input, FP8 a 1 MB one). It replaces the 16-bit copy where the linear layer is its only keeper — the
+    QKV and MLP inputs (norm outputs), the second MLP matmul's input — and comes on top of it for the attention
+    output, which the fused attention kernel keeps for its own backward ("it may lead to increased memory
+    usage, if the high precision tensor also needs to be saved ... for example if it is the attention output")."""
     e, h, s = act_bytes, model.hidden_size, model.seq_length
+    fp8 = 1 if fp8_inputs else e  # bytes of a saved linear-layer input
     q_width, kv_width = model.n_heads * model.head_dim, model.n_kv_heads * model.head_dim
     mask = MASK_BYTES if model.dropout else 0
     # Attention: Q and K for QKᵀ, V for the weighted sum, the input of the output projection.
-    sharded = e * (q_width + kv_width) + e * kv_width + e * q_width
+    sharded = e * (q_width + kv_width) + e * kv_width + e * q_width + (q_width if fp8_inputs else 0)
     if model.qk_norm:  # Qwen3's per-head RMSNorm keeps its inputs (the projections' outputs) too
         sharded += e * (q_width + kv_width)
     # Softmax output (and, with dropout, its mask and dropped-out copy): b·a·s² elements, i.e. a·s per token.
     per_token_scores = model.n_heads * s
     quadratic = per_token_scores * (e + (mask + e if mask else 0))
-    # Two norm inputs, the QKV input, the MLP input, and two residual dropout masks.
-    replicated = 2 * e * h + e * h + e * h + 2 * mask * h
+    # The norm inputs (two; Gemma's post-norms add the attention and MLP outputs), the QKV input, the MLP
+    # input, and two residual dropout masks.
+    replicated = model.family.norms_per_block * e * h + fp8 * h + fp8 * h + 2 * mask * h
+    # of the MLP's saved tensors, the second matmul's input is that linear layer's own
+    per_width = (_mlp_saved(model) - 1) * e + fp8
     if moe:
         ffn, routed = model.moe_ffn_hidden_size, model.moe_top_k * model.moe_capacity_factor
-        mlp = _mlp_saved(model) * e * ffn * routed
+        mlp = per_width * ffn * routed
         # dispatched tokens into the experts and their outputs before the combine
         mlp += 2 * e * h * routed
         # Qwen2-MoE's shared expert: a dense MLP on every token, its gate's input and sigmoid
-        mlp += _mlp_saved(model) * e * model.shared_expert_ffn_hidden_size
+        mlp += per_width * model.shared_expert_ffn_hidden_size
     else:
-        mlp = _mlp_saved(model) * e * model.ffn_hidden_size
+        mlp = per_width * model.ffn_hidden_size
     sharded += mlp
     return ActivationTerms(
         sharded=sharded * tokens, replicated=replicated * tokens, quadratic=quadratic * tokens
@@ -93,14 +103,20 @@ def flash_attention(model: ModelSpec, layout: LayoutRequest) -> bool:
     CPU alike (measured: an HF GPT-2 block saves the `selective` figure, tests/test_estimate.py; a Llama at 2048
     tokens saves 1.13× it against 6× at `none`, benchmarks/sequence_parallel.py). Megatron-DeepSpeed's
     CoreAttention (`fused_kernels` on, no `--use-flash-attn-v2`) and eager attention (BLOOM) store them."""
-    return runtime_flash_attention(model, layout.flash_attention, layout.fused_kernels)
+    return runtime_flash_attention(model, layout.flash_attention, layout.fused_kernels, layout.precision)
 
 
-def runtime_flash_attention(model: ModelSpec, flash_attention: bool | None, fused_kernels: bool) -> bool:
-    """`flash_attention` when given, else the runtime's own: SDPA for HF modules where the family has it."""
+def runtime_flash_attention(
+    model: ModelSpec, flash_attention: bool | None, fused_kernels: bool, precision: str | None = None
+) -> bool:
+    """`flash_attention` when given, else the runtime's own: SDPA for HF modules where the family has it;
+    Megatron-DeepSpeed's CoreAttention, except in fp8, where `--transformer-impl transformer_engine` builds
+    TE's TransformerLayer, whose DotProductAttention runs a fused kernel (FlashAttention or cuDNN's)."""
     if flash_attention is not None:
         return flash_attention
-    return not fused_kernels and model.family.sdpa
+    if fused_kernels:
+        return precision == "fp8"
+    return model.family.sdpa
 
 
 def attention_recompute(recompute: str, flash: bool) -> str:
@@ -117,13 +133,14 @@ def block_bytes(
     sequence_parallel: bool,
     recompute: str,
     moe: bool = False,
+    fp8_inputs: bool = False,
 ) -> float:
     """Bytes one block keeps for one micro-batch on one TP rank under the given recomputation."""
     tokens = model.seq_length * micro_batch
     if recompute == "full":
         stored = act_bytes * model.hidden_size * tokens
         return stored / tp if sequence_parallel else stored
-    terms = block_terms(model, tokens, act_bytes, moe)
+    terms = block_terms(model, tokens, act_bytes, moe, fp8_inputs)
     if recompute == "selective":
         terms = ActivationTerms(terms.sharded, terms.replicated, 0.0)
     return terms.per_rank(tp, sequence_parallel)
@@ -145,6 +162,7 @@ def per_micro_activations(model: ModelSpec, layout: Layout, blocks: int, moe_blo
         act_bytes=e,
         tp=layout.tp,
         sequence_parallel=layout.tp_sequence_parallel,
+        fp8_inputs=layout.fp8_recipe == "delayed",
     )
     recompute = attention_recompute(layout.recompute, flash_attention(model, layout))
     per_micro = (blocks - moe_blocks) * block_bytes(model, recompute=recompute, **kwargs)
@@ -171,6 +189,7 @@ def stage_activations(
             layout.tp_sequence_parallel,
             attention_recompute("none", flash_attention(model, layout)),  # the block being rebuilt
             moe=moe_blocks > 0,
+            fp8_inputs=layout.fp8_recipe == "delayed",
         )
     if index == layout.pp - 1:
         total += logits_bytes(model, layout.micro_batch_size, e, layout.tp)

@@ -10,13 +10,19 @@ every node: `min(intra, k · inter)`. This is why a data-parallel group with one
 one NIC's bandwidth while the same group with TP = 1 gets all eight (nccl-tests on DGX A100 show ~190 GB/s
 all-reduce bus bandwidth across nodes with 8 × 200 Gb/s HDR, i.e. 8 NICs).
 
-Latency follows NCCL's own cost model (src/graph/tuning.cc): a base cost per call (`collective_latency_us`)
-plus a per-hop cost; training moves bucket-sized messages, for which NCCL picks its Simple protocol, whose
-per-hop latencies are 3.4 µs over NVLink and 14 µs over the network (ring).
-Rings (all-gather, reduce-scatter, all-to-all) pay one hop per member, so a 3,072-rank all-gather costs
-milliseconds however small; all-reduce uses NCCL's double binary tree for latency, 2·log2 hops. Bucketed
-communication pays the latency once per bucket, which is why ZeRO-3 does not scale to thousands of ranks
-without hierarchy (ZeRO++ hpZ).
+On GPUs each call costs what NCCL's own tuning model says (src/graph/tuning.cc, NCCL 2.30.7): for every
+algorithm it may run (ring; tree for all-reduce; PAT for all-gather and reduce-scatter with one rank per
+node) and every protocol (LL, LL128, Simple), a latency — a base plus a per-step latency over NVLink and over
+the network, steps being 2(n-1) for a ring all-reduce, n-1 for a ring all-gather, a chain inside the node and
+log2(nodes) across for the tree — and a bandwidth — the bus bandwidth times what the protocol carries (LL:
+half, capped across nodes; LL128: 120 of every 128 bytes; Simple: all) — and NCCL runs the fastest. So a
+30 MB all-gather over 512 H100s costs 1.2 ms (ring/LL128), not the 2.5 ms of Simple's 14 µs network steps:
+small and medium messages at scale pay LL/LL128 latencies. `collective_latency_us` adds the host's cost of
+issuing one call. Bucketed communication pays the latency once per bucket, which is why ZeRO-3 with small
+buckets does not scale to thousands of ranks (ZeRO++ hpZ, larger buckets, FSDP's one gather per block).
+
+On the CPU accelerator (gloo) the per-call cost is the calibrated `collective_latency_us` plus NCCL's ring
+Simple step latencies, as measured against the calibration.
 """
 
 from __future__ import annotations
@@ -90,9 +96,12 @@ def tree_latency_s(g: Group, cluster: ClusterSpec, calls: float = 1) -> float:
 
 
 def all_reduce_s(nbytes: float, g: Group, cluster: ClusterSpec, calls: float = 1) -> float:
-    """All-reduce of `nbytes` in `calls` buckets: ring bandwidth, tree latency."""
+    """All-reduce of `nbytes` in `calls` buckets: NCCL's fastest algorithm and protocol per call on GPUs;
+    ring bandwidth with tree latency on the CPU accelerator."""
     if g.size <= 1 or nbytes <= 0:
         return 0.0
+    if cluster.accelerator != "cpu":
+        return nccl_s("all_reduce", nbytes, g, cluster, calls)
     bandwidth = 2 * (g.size - 1) / g.size * nbytes / bandwidth_bytes_per_s(g, cluster, "all_reduce")
     return bandwidth + tree_latency_s(g, cluster, calls)
 
@@ -110,8 +119,80 @@ def reduce_scatter_s(nbytes: float, g: Group, cluster: ClusterSpec, calls: float
 def _ring_s(op: str, nbytes: float, g: Group, cluster: ClusterSpec, calls: float) -> float:
     if g.size <= 1 or nbytes <= 0:
         return 0.0
+    if cluster.accelerator != "cpu":
+        return nccl_s(op, nbytes, g, cluster, calls)
     bandwidth = (g.size - 1) / g.size * nbytes / bandwidth_bytes_per_s(g, cluster, op)
     return bandwidth + ring_latency_s(g, cluster, calls)
+
+
+# NCCL 2.30.7 src/graph/tuning.cc:150-175, per protocol (LL, LL128, Simple), microseconds: the base latency of
+# a call and the latency of one step over NVLink and over the network (InfiniBand plugin)
+PROTOCOLS = ("LL", "LL128", "Simple")
+BASE_US = {"ring": (6.6, 14.0, 8.4), "tree": (6.8, 14.0, 8.4), "pat": (8.0, 8.0, 8.0)}
+NVLINK_STEP_US = {"ring": (0.6, 1.9, 3.4), "tree": (0.6, 1.25, 4.0), "pat": (0.0, 0.0, 4.0)}
+NET_STEP_US = {"ring": (2.7, 4.0, 14.0), "tree": (5.0, 8.5, 14.0), "pat": (0.0, 0.0, 14.0)}
+NET_OVERHEAD_US = 1.0
+"""tuning.cc:226-233: a network step costs at least this host overhead (Intel hosts; 2 µs on AMD), ×3 for
+Simple."""
+# tuning.cc:327-337: the share of the bus bandwidth each protocol carries (LL: an 8-byte flag per 8-byte word;
+# LL128: 120 payload bytes of every 128), the tree's and PAT's own factors, and LL's cap across nodes
+# (`llMaxBws`, Intel host rows: 39.0, 39.0, 20.4 GB/s for 1, 2 and ≥ 3 nodes; Hopper in one node 141.0)
+PROTOCOL_BW = (0.5, 0.92, 1.0)
+TREE_BW = 0.92
+PAT_BW = 0.75
+LL_CAP_GB_PER_S = {1: 141.0, 2: 39.0, 3: 20.4}
+RING_PLATEAU = 1.4
+"""tuning.cc:647-650: a multi-node ring/Simple all-reduce of large messages takes 1.4× its latency."""
+
+
+def _log2i(n: int) -> int:
+    return math.floor(math.log2(n)) if n > 0 else 0
+
+
+def nccl_latency_us(op: str, algorithm: str, protocol: int, g: Group) -> float | None:
+    """NCCL's latency of one call (tuning.cc:384-435), or None where the algorithm does not run: the tree is
+    all-reduce's only, PAT all-gather's and reduce-scatter's with one rank per node (tuning.cc:215-223),
+    and PAT and the tree have no LL/LL128 rows here."""
+    nodes, ppn, n = _nodes(g), g.per_node if g.spans_nodes else g.size, g.size
+    if algorithm == "tree" and op != "all_reduce":
+        return None
+    if algorithm == "pat" and (op == "all_reduce" or ppn != 1 or nodes == 1 or protocol != 2):
+        return None
+    base = BASE_US[algorithm][protocol]
+    intra = NVLINK_STEP_US[algorithm][protocol]
+    # a group with one rank per node prices its network steps at the tree's latency (tuning.cc:387-388)
+    inter = NET_STEP_US["tree" if ppn == 1 else algorithm][protocol]
+    if algorithm == "ring":
+        steps = 2 * (n - 1) if op == "all_reduce" else n - 1
+        crossings = 0 if nodes == 1 else (2 * (nodes - 1) if op == "all_reduce" else nodes - 1)
+        floor = NET_OVERHEAD_US * (3 if protocol == 2 else 1) if nodes > 1 else 0.0
+        lat = base + (steps - crossings) * max(intra, floor) + crossings * inter
+        return lat * (RING_PLATEAU if op == "all_reduce" and nodes > 1 and protocol == 2 else 1.0)
+    if algorithm == "tree":
+        return base + 2 * ((ppn - 1) * intra + _log2i(nodes) * inter)
+    return base + _log2i(nodes) * inter / 3.5 + n * 2.8  # PAT: "still a linear part"
+
+
+def nccl_s(op: str, nbytes: float, g: Group, cluster: ClusterSpec, calls: float = 1) -> float:
+    """`calls` NCCL calls moving `nbytes` in all, each run with the algorithm and protocol NCCL's model finds
+    fastest for its size (tuning.cc: ncclTopoGetAlgoTime, `time = latency + bytes / bandwidth`)."""
+    if g.size <= 1 or nbytes <= 0:
+        return 0.0
+    n, per_call = g.size, nbytes / max(calls, 1)
+    volume = (2 * (n - 1) / n if op == "all_reduce" else (n - 1) / n) * per_call
+    bus = bandwidth_bytes_per_s(g, cluster, op)
+    cap = LL_CAP_GB_PER_S[min(_nodes(g), 3)] * 1e9
+    best = math.inf
+    for algorithm in ("ring", "tree", "pat"):
+        factor = {"ring": 1.0, "tree": TREE_BW, "pat": PAT_BW}[algorithm]
+        for protocol in range(3):
+            lat = nccl_latency_us(op, algorithm, protocol, g)
+            if lat is None or (protocol == 1 and g.spans_nodes and not cluster.nccl_ll128_across_nodes):
+                continue
+            bw = bus * factor * PROTOCOL_BW[protocol]
+            bw = min(bw, cap) if protocol == 0 else bw
+            best = min(best, (lat + cluster.collective_latency_us) * 1e-6 + volume / bw)
+    return max(calls, 1) * best
 
 
 def all_to_all_s(nbytes: float, g: Group, cluster: ClusterSpec, calls: float = 1) -> float:

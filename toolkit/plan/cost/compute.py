@@ -17,7 +17,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from toolkit.plan.architectures import ACTIVATIONS
 from toolkit.plan.cost.activations import MASK_BYTES
+from toolkit.plan.cost.fp8 import CastTraffic, Fp8Gemms, Linear, cast_traffic
 from toolkit.plan.params import ParamCount
 from toolkit.plan.specs import ClusterSpec, ModelSpec
 
@@ -26,12 +28,9 @@ from toolkit.plan.specs import ClusterSpec, ModelSpec
 # with fused SDPA attention.
 KERNELS_PER_BLOCK_FORWARD = 15
 
-# Elementwise kernels of the MLP activation in HF and the tensor passes (reads + writes, in units of the MLP
-# width) they make forward. gelu_new is NewGELUActivation, `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`:
-# pow, mul, add, mul, tanh, add, mul, mul — eight kernels, 18 passes. A gated MLP (SwiGLU) applies the
-# activation to the gate (2 passes) and multiplies by the up projection (3). gelu and relu are one kernel.
-ACTIVATION_KERNELS = {"gelu": 1, "relu": 1, "silu": 1, "gelu_new": 8}
-ACTIVATION_PASSES = {"gelu": 2, "relu": 2, "silu": 2, "gelu_new": 18}
+# The MLP activation's elementwise kernels and tensor passes come from `plan/architectures.py`'s ACTIVATIONS
+# (gelu_new: pow, mul, add, mul, tanh, add, mul, mul — eight kernels, 18 passes). A gated MLP (SwiGLU, GeGLU)
+# applies the activation to the gate and multiplies by the up projection: one more kernel, 3 more passes.
 
 
 # HF's eager LlamaRMSNorm (and Qwen2/Mistral's copies): `x.to(fp32)`, `pow(2)`, `mean`, `+ eps`, `rsqrt`, `x *`,
@@ -54,12 +53,13 @@ def rmsnorm_eager_passes(e: int) -> float:
 def kernels_per_block(model: ModelSpec, fused: bool = True, flash: bool = True) -> int:
     """Kernels one block issues in forward; `fused=False` adds HF eager RMSNorm's and rotary's kernels,
     `flash=False` the materialized attention core's (QKᵀ, softmax, dropout, AV instead of one fused kernel)."""
-    n = KERNELS_PER_BLOCK_FORWARD + ACTIVATION_KERNELS[model.activation] + (1 if model.gated_mlp else 0)
+    n = KERNELS_PER_BLOCK_FORWARD + ACTIVATIONS[model.activation].kernels + (1 if model.gated_mlp else 0)
+    n += model.family.norms_per_block - 2  # Gemma's post-norms
     if not flash:
         n += 2 + (1 if model.dropout else 0)
     if not fused:
         if model.norm == "rmsnorm":
-            n += 2 * (RMSNORM_EAGER_KERNELS - 1)
+            n += model.family.norms_per_block * (RMSNORM_EAGER_KERNELS - 1)
         if model.position_embedding == "rope":
             n += 2 * ROTARY_EAGER_KERNELS
     return n
@@ -72,9 +72,12 @@ class StageCompute:
     forward_s: float
     backward_s: float
     recompute_s: float
+    per_step_s: float = 0.0
+    """Work done once per optimizer step, not per micro-batch (FP8 weight casts of Transformer Engine)."""
 
     @property
     def total_s(self) -> float:
+        """Seconds per micro-batch (`per_step_s` is not in it)."""
         return self.forward_s + self.backward_s + self.recompute_s
 
 
@@ -103,18 +106,76 @@ def quantization_efficiency(m: float, n: float, sm_count: int) -> float:
     return best
 
 
-def _gemm_s(m: float, k: float, n: float, e: int, peak: float, cluster: ClusterSpec) -> float:
-    """One GEMM (m×k)·(k×n): compute-bound at the cluster's matmul efficiency of `peak` (less its tile and wave
-    quantization where the SM count is known) or memory-bound on its operands and result."""
-    eff = cluster.gpu_matmul_efficiency
+def _gemm_s(
+    m: float,
+    k: float,
+    n: float,
+    e: int,
+    peak: float,
+    cluster: ClusterSpec,
+    efficiency: float | None = None,
+    out_e: int | None = None,
+) -> float:
+    """One GEMM (m×k)·(k×n): compute-bound at `efficiency` (default the cluster's matmul efficiency) of `peak`
+    (less its tile and wave quantization where the SM count is known) or memory-bound on its operands (`e`
+    bytes each) and result (`out_e`, default `e`)."""
+    eff = efficiency or cluster.gpu_matmul_efficiency
     if cluster.gpu_sm_count:
         eff *= quantization_efficiency(m, n, cluster.gpu_sm_count)
+    out = e if out_e is None else out_e
     return max(
-        2 * m * k * n / (peak * eff), e * (m * k + k * n + m * n) / (cluster.gpu_memory_gb_per_s * 1e9)
+        2 * m * k * n / (peak * eff),
+        (e * (m * k + k * n) + out * m * n) / (cluster.gpu_memory_gb_per_s * 1e9),
     )
 
 
-def block_forward_s(
+def _linear_s(x: Linear, e: int, peak: float, cluster: ClusterSpec, fp8: Fp8Gemms | None) -> float:
+    """A linear layer's forward GEMM: in the training precision, or with FP8 operands and a bf16 result."""
+    if fp8 is None:
+        return _gemm_s(x.m, x.k, x.n, e, peak, cluster)
+    return _gemm_s(x.m, x.k, x.n, 1, fp8.peak, cluster, fp8.efficiency, out_e=e)
+
+
+def block_linears(model: ModelSpec, m: float, tp: int, moe: bool, ep: int = 1) -> list[Linear]:
+    """The linear layers of one block on one rank for `m` tokens (Ulysses' split already taken): QKV and the
+    attention output, then the MLP's maps — or the routed experts' (m · top-k · capacity tokens; the rank holds
+    num_experts / ep of them) and a shared expert's. Routers and the shared expert's scalar gate are not among
+    them: n = experts or 1, priced in the training precision by `block_forward_s`."""
+    h = model.hidden_size
+    q_w, kv_w = model.n_heads * model.head_dim, model.n_kv_heads * model.head_dim
+    qkv, out = (q_w + 2 * kv_w) / tp, q_w / tp
+    linears = [
+        Linear(m, h, qkv, h * qkv, bool(model.attention_bias)),
+        Linear(m, out, h, out * h, bool(model.attention_out_bias)),
+    ]
+    n_in, bias = (2 if model.gated_mlp else 1), bool(model.mlp_bias)
+    if moe:
+        routed, ffn = model.moe_top_k * model.moe_capacity_factor, model.moe_ffn_hidden_size
+        experts = model.num_experts / ep
+        linears += [
+            Linear(m * routed, h, n_in * ffn, experts * h * n_in * ffn, bias),
+            Linear(m * routed, ffn, h, experts * ffn * h, bias),
+        ]
+        shared = model.shared_expert_ffn_hidden_size / tp
+        if shared:
+            linears += [Linear(m, h, n_in * shared, h * n_in * shared), Linear(m, shared, h, shared * h)]
+    else:
+        ffn = model.ffn_hidden_size / tp
+        linears += [Linear(m, h, n_in * ffn, h * n_in * ffn, bias), Linear(m, ffn, h, ffn * h, bias)]
+    return linears
+
+
+@dataclass(frozen=True)
+class BlockTime:
+    """Seconds of one block for one micro-batch on one rank."""
+
+    forward_s: float
+    backward_s: float
+    per_step_s: float = 0.0
+    """FP8 weight casts done once per optimizer step (Transformer Engine's cached weights)."""
+
+
+def block_time(
     model: ModelSpec,
     pc: ParamCount,
     cluster: ClusterSpec,
@@ -127,46 +188,49 @@ def block_forward_s(
     flash: bool,
     peak: float,
     fused: bool = True,
-) -> float:
-    """Forward time of one block for `tokens` tokens on one rank (TP shards matrices, SP shards tokens);
-    `fused=False` prices HF's eager RMSNorm and rotary embedding op by op."""
+    frozen: bool = False,
+    ep: int = 1,
+    fp8: Fp8Gemms | None = None,
+) -> BlockTime:
+    """Forward and backward time of one block for `tokens` tokens on one rank (TP shards matrices, SP shards
+    tokens); `fused=False` prices HF's eager RMSNorm and rotary embedding op by op. Backward is two forwards
+    (gradients w.r.t. inputs and weights; Narayanan et al. 2021, §3.1), one when the weights are `frozen`
+    (LoRA: input gradients only); with `fp8` the linear GEMMs run in FP8 and the casts of its recipe are added
+    where they happen (toolkit/plan/cost/fp8.py)."""
     hbm = cluster.gpu_memory_gb_per_s * 1e9
     h = model.hidden_size
     m = tokens / sp
     q_w, kv_w = model.n_heads * model.head_dim, model.n_kv_heads * model.head_dim
-    t = _gemm_s(m, h, (q_w + 2 * kv_w) / tp, e, peak, cluster) + _gemm_s(m, q_w / tp, h, e, peak, cluster)
+    linears = block_linears(model, m, tp, moe, ep)
+    t = sum(_linear_s(x, e, peak, cluster, fp8) for x in linears)
     t += attention_core_s(model, cluster, m, e, tp, peak, flash)
     if moe:
-        routed = model.moe_top_k * model.moe_capacity_factor
-        ffn, n_in = model.moe_ffn_hidden_size, (2 if model.gated_mlp else 1)
-        t += _gemm_s(m * routed, h, n_in * ffn, e, peak, cluster) + _gemm_s(
-            m * routed, ffn, h, e, peak, cluster
-        )
         t += _gemm_s(m, h, model.num_experts, e, peak, cluster)  # router
-        ffn_tp = ffn * routed
-        # Qwen2-MoE: a dense MLP beside the experts, and its gate
         shared = model.shared_expert_ffn_hidden_size
         if shared:
-            t += _gemm_s(m, h, n_in * shared / tp, e, peak, cluster) + _gemm_s(
-                m, shared / tp, h, e, peak, cluster
-            )
-            t += _gemm_s(m, h, 1, e, peak, cluster)
-            ffn_tp += shared / tp
+            t += _gemm_s(m, h, 1, e, peak, cluster)  # the shared expert's gate
+        ffn_tp = model.moe_ffn_hidden_size * model.moe_top_k * model.moe_capacity_factor + shared / tp
     else:
-        ffn, n_in = model.ffn_hidden_size, (2 if model.gated_mlp else 1)
-        t += _gemm_s(m, h, n_in * ffn / tp, e, peak, cluster) + _gemm_s(m, ffn / tp, h, e, peak, cluster)
-        ffn_tp = ffn / tp
-    # memory-bound passes per token: 2 norms (read+write h), 2 residual adds (read 2h, write h), the
-    # activation's kernels (and the gate product)
+        ffn_tp = model.ffn_hidden_size / tp
+    # memory-bound passes per token: the norms (read+write h; 2, or Gemma's 4), 2 residual adds (read 2h,
+    # write h), the activation's kernels (and the gate product)
     norm = 2 if fused or model.norm != "rmsnorm" else rmsnorm_eager_passes(e)
-    replicated = 2 * norm * h + 2 * 3 * h
-    act = ACTIVATION_PASSES[model.activation] + (3 if model.gated_mlp else 0)
+    replicated = model.family.norms_per_block * norm * h + 2 * 3 * h
+    act = ACTIVATIONS[model.activation].passes + (3 if model.gated_mlp else 0)
     passes = (replicated / tp if sequence_parallel else replicated) + act * ffn_tp
     if not fused and model.position_embedding == "rope":
         passes += ROTARY_EAGER_PASSES * (q_w + kv_w) / tp
     t += passes * e * m / hbm
     issue = kernels_per_block(model, fused, flash) * cluster.kernel_launch_us * 1e-6
-    return t + issue if cluster.accelerator == "cpu" else max(t, issue)
+    casts = cast_traffic(linears, e, fp8.recipe) if fp8 else CastTraffic(0, 0, 0, 0)
+    launch = cluster.kernel_launch_us * 1e-6
+    f_work, f_issue = t + casts.forward_bytes / hbm, issue + casts.forward_kernels * launch
+    times = 1 if frozen else 2
+    b_work, b_issue = times * t + casts.backward_bytes / hbm, times * issue + casts.backward_kernels * launch
+    per_step = casts.per_step_bytes / hbm
+    if cluster.accelerator == "cpu":  # the same thread issues and computes
+        return BlockTime(f_work + f_issue, b_work + b_issue, per_step)
+    return BlockTime(max(f_work, f_issue), max(b_work, b_issue), per_step)
 
 
 def attention_efficiency(cluster: ClusterSpec) -> float:
@@ -220,12 +284,14 @@ def stage_compute(
     frozen: bool = False,
     fused_kernels: bool = True,
     flash: bool = False,
+    ep: int = 1,
+    fp8: Fp8Gemms | None = None,
 ) -> StageCompute:
     """Forward, backward and recomputation seconds of one micro-batch on one rank of a pipeline stage.
 
-    Backward costs two forwards (gradients w.r.t. inputs and weights; Narayanan et al. 2021, §3.1); one when
-    the weights are `frozen` (LoRA: input gradients only, the rank-r adapters' own work is negligible). The
-    last stage adds the LM head (2·h·V FLOPs per token forward, vocabulary-parallel) and its softmax.
+    Blocks by `block_time`; the last stage adds the LM head (2·h·V FLOPs per token forward, vocabulary-parallel,
+    in the training precision even in fp8) and its softmax, whose backward is two forwards (one `frozen`).
+    Full recomputation repeats the forward, selective the attention core.
     """
     tokens = micro_batch * model.seq_length
     common = dict(
@@ -237,15 +303,23 @@ def stage_compute(
         flash=flash,
         peak=peak,
         fused=fused_kernels,
+        frozen=frozen,
+        ep=ep,
+        fp8=fp8,
     )
-    fwd = dense_layers * block_forward_s(model, pc, cluster, moe=False, **common)
-    fwd += moe_layers * block_forward_s(model, pc, cluster, moe=True, **common)
+    fwd = bwd = per_step = 0.0
+    for count, moe in ((dense_layers, False), (moe_layers, True)):
+        if count:
+            block = block_time(model, pc, cluster, moe=moe, **common)
+            fwd, bwd = fwd + count * block.forward_s, bwd + count * block.backward_s
+            per_step += count * block.per_step_s
     attention_fwd = (dense_layers + moe_layers) * attention_core_s(
         model, cluster, tokens / sp, e, tp, peak, flash
     )
     if last:
         hbm = cluster.gpu_memory_gb_per_s * 1e9
-        fwd += _gemm_s(tokens / sp, model.hidden_size, model.vocab_size / tp, e, peak, cluster)
-        fwd += (e + 8) * tokens / sp * model.vocab_size / tp / hbm  # upcast + log-softmax of the logits
+        head = _gemm_s(tokens / sp, model.hidden_size, model.vocab_size / tp, e, peak, cluster)
+        head += (e + 8) * tokens / sp * model.vocab_size / tp / hbm  # upcast + log-softmax of the logits
+        fwd, bwd = fwd + head, bwd + (1 if frozen else 2) * head
     recompute_s = fwd if recompute == "full" else attention_fwd if recompute == "selective" else 0.0
-    return StageCompute(forward_s=fwd, backward_s=(1 if frozen else 2) * fwd, recompute_s=recompute_s)
+    return StageCompute(forward_s=fwd, backward_s=bwd, recompute_s=recompute_s, per_step_s=per_step)

@@ -15,11 +15,12 @@ from typing import Any
 
 from toolkit.plan.checkpoint_interval import CheckpointPlan, checkpoint_plan
 from toolkit.plan.cost import activations as act
-from toolkit.plan.cost.compute import stage_compute
+from toolkit.plan.cost.compute import block_linears, stage_compute
 from toolkit.plan.cost.flops import hardware_flops_per_token, model_flops_per_token, model_tflops_per_gpu
+from toolkit.plan.cost.fp8 import cast_transient_bytes, fp8_gemms, weight_copies_bytes
 from toolkit.plan.cost.memory import GIB, HOST_USABLE, Memory, rank_params, stage_memory
 from toolkit.plan.cost.timing import StageLoad, StepTime, sp_all_to_all_bytes, step_time
-from toolkit.plan.layout import Layout
+from toolkit.plan.layout import Layout, engine_precision
 from toolkit.plan.params import count_params, tensor_numels, zero_grad_partition
 from toolkit.plan.specs import ClusterSpec, ModelSpec
 from toolkit.plan.units import as_bytes, format_bytes
@@ -286,6 +287,8 @@ def _memories(
         )
         per_micro = act.per_micro_activations(model, layout, st.blocks, st.moe_blocks)
         activations = act.stage_activations(model, layout, st.index, st.blocks, st.moe_blocks, per_micro)
+        fp8_copies, fp8_transient = _fp8_memory(model, layout, st)
+        activations += fp8_transient
         mem = stage_memory(
             layout,
             cluster,
@@ -296,9 +299,26 @@ def _memories(
             _grad_partition(model, layout),
             trainable=_lora_params(model, layout, st.blocks),
             host_activations=act.host_activations(layout, st.index, per_micro),
+            fp8_weight_copies=fp8_copies,
         )
         out.append(mem)
     return out
+
+
+def _fp8_memory(model: ModelSpec, layout: Layout, st: _Stage) -> tuple[float, float]:
+    """(FP8 weight copies kept between micro-batches, eager cast temporaries) on a rank of stage `st`
+    (toolkit/plan/cost/fp8.py); (0, 0) for a layout without FP8."""
+    recipe = layout.fp8_recipe
+    if recipe is None or not st.blocks:
+        return 0.0, 0.0
+    m = layout.micro_batch_size * model.seq_length / layout.sp
+    copies = transient = 0.0
+    for count, moe in ((st.blocks - st.moe_blocks, False), (st.moe_blocks, True)):
+        if count:
+            linears = block_linears(model, m, layout.tp, moe, layout.ep)
+            copies += weight_copies_bytes(linears, count, recipe)
+            transient = max(transient, cast_transient_bytes(linears, recipe))
+    return copies, transient
 
 
 def _lora_params(model: ModelSpec, layout: Layout, blocks: int) -> float | None:
@@ -330,7 +350,9 @@ def estimate(
     pc = count_params(model)
     knobs = knobs or derive_zero_knobs(model, layout)
     e = layout.bytes_per_element
-    peak = cluster.peak_flops(layout.precision)
+    # everything but the linear layers' FP8 GEMMs runs at the engine's (bf16) rate
+    peak = cluster.peak_flops(engine_precision(layout.precision))
+    fp8 = fp8_gemms(cluster, layout.fp8_recipe)
     memory = estimate_memory(model, cluster, layout, knobs)
     slowest: StageLoad | None = None
     for st in _candidate_stages(model, layout):
@@ -355,6 +377,8 @@ def estimate(
             peak=peak,
             frozen=layout.lora is not None,
             fused_kernels=layout.fused_kernels,
+            ep=layout.ep,
+            fp8=fp8,
         )
         trainable = _lora_params(model, layout, st.blocks)
         load = StageLoad(

@@ -1,7 +1,7 @@
 """FLOPs per token: the model FLOPs that define MFU, and the hardware FLOPs a layout really executes.
 
 Model FLOPs follow PaLM (Chowdhery et al. 2022, App. B): 6N + 12·L·H·Q·T per token, L layers, H heads, Q head
-dim, T sequence length, and N the parameters a token multiplies by — the active parameters (for MoE the
+dim, T sequence length (keys attended: a sliding-window layer's window where shorter), and N the parameters a token multiplies by — the active parameters (for MoE the
 routed top-k experts) less the lookup-only tables, an untied input embedding and learned positions, which cost
 no FLOPs (nanoGPT's `estimate_mfu` leaves the position table out likewise; a tied embedding stays, being the
 LM head's matmul). MFU divides model FLOPs by the accelerator's peak in the training precision; it ignores
@@ -17,9 +17,19 @@ from toolkit.plan.params import count_params
 from toolkit.plan.specs import ModelSpec
 
 
+def attended_keys(model: ModelSpec) -> int:
+    """Keys per query summed over the layers: T in a global layer, min(W, T) in a local (sliding-window) one
+    — the T of PaLM's 12·L·H·Q·T, layer by layer (Gemma 3's 5:1 local:global layers at W = 1024 attend to
+    about a quarter of what global layers would at 32k; Gemma Team 2025, §2.2)."""
+    s, local = model.seq_length, model.n_local_layers
+    return (model.n_layers - local) * s + local * min(model.sliding_window or s, s)
+
+
 def attention_flops_per_token(model: ModelSpec) -> float:
-    """Forward + backward FLOPs of QKᵀ and AV per token over all layers: 12·L·H·Q·T (PaLM App. B)."""
-    return 12 * model.n_layers * model.n_heads * model.head_dim * model.seq_length
+    """Forward + backward FLOPs of QKᵀ and AV per token over all layers: 12·H·Q·ΣT (PaLM App. B; ΣT over the
+    layers, a local layer's T its window). The step-time model still prices the whole square for local
+    layers: HF's SDPA path hands the window to the kernel as a mask, and a masked score costs what any does."""
+    return 12 * model.n_heads * model.head_dim * attended_keys(model)
 
 
 def matmul_params(model: ModelSpec) -> int:

@@ -100,11 +100,14 @@ class Memory:
     """Pinned NVMe parameter swap buffers on the host, per rank (in `cpu_per_node`)."""
     host_activations: float = 0.0
     """Checkpointed block inputs offloaded to host memory, per rank (in `cpu_per_node`)."""
+    fp8_weight_copies: float = 0.0
+    """FP8 copies of the linear weights Transformer Engine keeps from step to step (toolkit/plan/cost/fp8.py)."""
 
     @property
     def total(self) -> float:
         busy = self.activations + self.buffers
-        return self.engine.device_bytes + max(busy, self.engine.step_transient) + self.framework_overhead
+        held = self.engine.device_bytes + self.fp8_weight_copies
+        return held + max(busy, self.engine.step_transient) + self.framework_overhead
 
     @property
     def step_transient_excess(self) -> float:
@@ -121,10 +124,12 @@ class Memory:
         """`total` as parts that add up to it: the engine's model states (the 16-bit or fp32 working
         parameters, their gradients, the optimizer's fp32 master copy and moments), the activations and buffers
         of backward, the framework's fixed overhead, and the optimizer step's transient above the activations
-        and buffers it outlives. The keys are `dstk estimate --json`'s `memory_per_gpu_bytes`."""
+        and buffers it outlives, and in fp8 under Transformer Engine the FP8 weight copies. The keys are
+        `dstk estimate --json`'s `memory_per_gpu_bytes`."""
         e = self.engine
         return {
             "params": e.low_precision_params,
+            "fp8_weight_copies": self.fp8_weight_copies,
             "gradients": e.gradients,
             "optimizer_states": e.master_params + e.optimizer_moments,
             "activations": self.activations,
@@ -355,6 +360,7 @@ def stage_memory(
     grad_partition: float | None = None,
     trainable: float | None = None,
     host_activations: float = 0.0,
+    fp8_weight_copies: float = 0.0,
 ) -> Memory:
     """Peak memory of one rank of a stage that owns `rank` parameters and keeps `activations` bytes.
 
@@ -405,4 +411,5 @@ def stage_memory(
         rank=rank,
         host_swap=swap,
         host_activations=host_activations,
+        fp8_weight_copies=fp8_weight_copies,
     )

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 from toolkit.plan.cost import activations as act
 from toolkit.plan.cost import comm
-from toolkit.plan.cost.compute import StageCompute
+from toolkit.plan.cost.compute import StageCompute, block_linears
+from toolkit.plan.cost.fp8 import amax_bytes
 from toolkit.plan.layout import Layout
 from toolkit.plan.specs import ClusterSpec, ModelSpec
 from toolkit.plan.zero_knobs import ZeroKnobs
@@ -102,9 +103,7 @@ def _micro_comm_s(model: ModelSpec, cluster: ClusterSpec, layout: Layout, load: 
     h = model.hidden_size
     full = layout.recompute == "full"
     t = 0.0
-    if layout.tp > 1:
-        calls = load.n_blocks * (6 if full else 4)
-        t += calls * comm.all_reduce_s(tokens * h * e, g["tp"], cluster)
+    t += _tp_comm_s(model, cluster, layout, load, e)
     if layout.ep > 1 and load.n_moe_blocks:
         calls = load.n_moe_blocks * (6 if full else 4)
         routed = model.moe_top_k * model.moe_capacity_factor
@@ -115,9 +114,25 @@ def _micro_comm_s(model: ModelSpec, cluster: ClusterSpec, layout: Layout, load: 
         t += passes * load.n_blocks * comm.all_to_all_s(per_call, g["sp"], cluster)
     if layout.pp > 1:
         crosses = layout.tp * layout.sp * layout.dp >= cluster.gpus_per_node
-        # activations forward and their gradients backward; Megatron's scatter/gather sends 1/t per rank
-        t += 2 * comm.p2p_s(tokens * h * e / layout.tp, crosses, cluster)
+        # activations forward and their gradients backward; Megatron's scatter/gather sends 1/t per rank; an
+        # interleaved schedule sends at every one of a rank's v chunk boundaries
+        t += 2 * layout.virtual_stages * comm.p2p_s(tokens * h * e / layout.tp, crosses, cluster)
+    if layout.fp8_recipe == "delayed" and load.n_blocks:
+        # Transformer Engine reduces its amaxes over fp8_group, Megatron's data-parallel group, after each
+        # forward and each backward (toolkit/plan/cost/fp8.py)
+        linears = block_linears(model, tokens, layout.tp, load.n_moe_blocks > 0, layout.ep)
+        t += 2 * comm.all_reduce_s(amax_bytes(linears, load.n_blocks) / 2, g["dp"], cluster)
     return t
+
+
+def _tp_comm_s(model: ModelSpec, cluster: ClusterSpec, layout: Layout, load: StageLoad, e: int) -> float:
+    """Tensor-parallel all-reduces of one micro-batch on one rank (4 per block, 6 with full recomputation;
+    with sequence parallelism the same bytes as reduce-scatter + all-gather pairs)."""
+    if layout.tp == 1:
+        return 0.0
+    tokens = layout.micro_batch_size * model.seq_length / layout.sp
+    calls = load.n_blocks * (6 if layout.recompute == "full" else 4)
+    return calls * comm.all_reduce_s(tokens * model.hidden_size * e, _groups(layout, cluster)["tp"], cluster)
 
 
 def sp_all_to_all_bytes(model: ModelSpec, layout: Layout, n_blocks: int, e: int) -> float:
@@ -167,10 +182,12 @@ def _dp_exposed_s(
             # the engine's buffered all-reduce after backward, in 5e8-element buffers (engine.py)
             exposed += comm.all_reduce_s(params * grad_e, grp, cluster, calls=max(1.0, params / 5e8))
         elif layout.zero_stage in (1, 2):
-            # updated partitions are all-gathered in place into the flat 16-bit model, bucket by bucket
+            # updated partitions are all-gathered in place into the flat 16-bit model, bucket by bucket; with
+            # Megatron's --overlap-param-gather each bucket is gathered behind the next forward
             gather = comm.all_gather_s(
                 params * e, grp, cluster, calls=max(1.0, params / knobs.allgather_bucket_size)
             )
+            gather = max(0.0, gather - fwd) if layout.comm_overlap else gather
             exposed += (m if layout.zero_stage == 2 else 1) * max(0.0, reduce_one - bwd) + gather
         elif layout.zeropp:
             # ZeRO++ (Wang et al. 2023): int8 weights forward (+ fp32 scale per 2048 values), backward gathers
@@ -263,12 +280,17 @@ def step_time(
     e = layout.bytes_per_element
     m, p = layout.gradient_accumulation_steps, layout.pp
     micro_comm = _micro_comm_s(model, cluster, layout, load, e)
+    if layout.comm_overlap and layout.tp > 1:
+        # TE userbuffers: each TP collective runs beside the GEMM it feeds, so only what exceeds the micro-batch's
+        # GEMM time shows (the pipeline sends and expert all-to-alls stay exposed)
+        tp_part = _tp_comm_s(model, cluster, layout, load, e)
+        micro_comm = micro_comm - tp_part + max(0.0, tp_part - load.compute.total_s)
     slot = load.compute.total_s + micro_comm
     opt, offload = _optimizer_s(cluster, layout, load)
     opt += cluster.step_overhead_ms * 1e-3
     return StepTime(
-        compute_s=m * load.compute.total_s,
-        pipeline_bubble_s=(p - 1) * slot,
+        compute_s=m * load.compute.total_s + load.compute.per_step_s,
+        pipeline_bubble_s=(p - 1) * slot / layout.virtual_stages,
         model_parallel_comm_s=m * micro_comm,
         data_parallel_comm_s=_dp_exposed_s(model, cluster, layout, load, e, knobs),
         optimizer_s=opt,

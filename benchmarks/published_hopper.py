@@ -1,0 +1,355 @@
+"""Published training runs on Hopper GPUs (H100 SXM 80 GB), for benchmarks/published_runs.py.
+
+Each row states the runtime it describes, because the same layout runs at different speeds under different
+stacks, and dstk prices a runtime by its flags:
+- Megatron-Core / NeMo / DGX Cloud recipes (Transformer Engine): `--fused-kernels --flash-attention`, cuDNN
+  fused attention at `--attention-efficiency 0.55` (the FlashAttention-3 repository's H100 charts: cuDNN
+  forward ~600, backward ~500 TFLOP/s at head dim 128), the distributed optimizer as ZeRO-1, Megatron's
+  sequence parallelism and vocabulary-parallel embedding with TP, `--comm-overlap` (their H100 recipes run
+  --overlap-grad-reduce, --overlap-param-gather and TE's --tp-comm-overlap), `--virtual-stages` where the
+  recipe interleaves; context parallelism (CP) is priced as DeepSpeed-Ulysses `--sp` of the same degree, the
+  closest layout dstk prices (same attention split, different exchange).
+- PyTorch FSDP stacks (MosaicML llm-foundry, torchtitan, IBM fms-fsdp): FULL_SHARD as ZeRO-3, SHARD_GRAD_OP as
+  ZeRO-2, with FlashAttention-2 (the preset's attention efficiency, torch's SDPA), eager kernels.
+Sources (row by row in `source`): NVIDIA DGX Cloud benchmarking recipes (NVIDIA/dgxc-benchmarking@143b90dd
+READMEs: aggregate tokens/s and step times), Megatron-LM's README weak-scaling table (Megatron-Core r0.8.0,
+per-GPU TFLOP/s), the Nemotron-4 15B paper (Parmar et al. 2024, Table 2: iteration times), the Llama 3 paper
+(Dubey et al. 2024, Table 4), MosaicML llm-foundry's scripts/train/benchmarking/README.md (H100 bf16 table),
+torchtitan's benchmarks/llama3_h100_202412_torchtitan.md, IBM foundation-model-stack/fms-fsdp README. The
+figures are quoted as printed; tokens/s per GPU are derived from aggregate figures by dividing by the GPUs.
+"""
+
+from __future__ import annotations
+
+MODEL_DIR = "{models}"
+# shapes the rows need beyond dstk's presets (from the sources' configs and papers)
+HOPPER_MODELS: dict[str, dict] = {
+    **{
+        f"mpt-{name}": dict(
+            architecture="gpt2",
+            n_layers=layers,
+            hidden_size=h,
+            n_heads=heads,
+            vocab_size=50368,
+            seq_length=2048,
+            position_embedding="alibi",
+            activation="gelu",
+            max_position_embeddings=2048,
+        )
+        for name, layers, h, heads in (
+            ("1b", 24, 2048, 16),
+            ("3b", 32, 2560, 32),
+            ("7b", 32, 4096, 32),
+            ("13b", 40, 5120, 40),
+            ("70b", 80, 8192, 64),
+        )
+    },
+    **{
+        f"mlm-{name}": dict(
+            architecture="gpt2",
+            n_layers=layers,
+            hidden_size=h,
+            n_heads=heads,
+            vocab_size=131072,
+            seq_length=4096,
+            max_position_embeddings=4096,
+            activation="gelu",
+        )
+        for name, layers, h, heads in (
+            ("7.1b", 30, 4096, 32),
+            ("16b", 32, 6144, 48),
+            ("32b", 48, 7168, 56),
+            ("70b", 84, 8192, 64),
+            ("119b", 92, 10240, 80),
+            ("177b", 96, 12288, 96),
+            ("314b", 96, 16384, 128),
+        )
+    },
+    "gpt3-175b-2k": dict(
+        architecture="gpt2",
+        n_layers=96,
+        hidden_size=12288,
+        n_heads=96,
+        vocab_size=50257,
+        seq_length=2048,
+        max_position_embeddings=2048,
+        activation="gelu",
+    ),
+    # Nemotron-4: squared-ReLU MLP of 4h, GQA (Parmar et al. 2024, Table 1), priced with a plain ReLU MLP
+    "nemotron4-15b": dict(
+        architecture="llama",
+        n_layers=32,
+        hidden_size=6144,
+        n_heads=48,
+        n_kv_heads=8,
+        ffn_hidden_size=24576,
+        gated_mlp=False,
+        activation="relu",
+        vocab_size=256000,
+        seq_length=4096,
+    ),
+    "nemotron4-340b": dict(
+        architecture="llama",
+        n_layers=96,
+        hidden_size=18432,
+        n_heads=96,
+        n_kv_heads=8,
+        ffn_hidden_size=73728,
+        gated_mlp=False,
+        activation="relu",
+        vocab_size=256000,
+        seq_length=4096,
+    ),
+    "llama3-70b": dict(
+        architecture="llama",
+        n_layers=80,
+        hidden_size=8192,
+        n_heads=64,
+        n_kv_heads=8,
+        ffn_hidden_size=28672,
+        vocab_size=128256,
+        seq_length=8192,
+    ),
+    "llama2-13b": dict(
+        architecture="llama",
+        n_layers=40,
+        hidden_size=5120,
+        n_heads=40,
+        ffn_hidden_size=13824,
+        vocab_size=32000,
+        seq_length=4096,
+    ),
+    "llama2-70b": dict(
+        architecture="llama",
+        n_layers=80,
+        hidden_size=8192,
+        n_heads=64,
+        n_kv_heads=8,
+        ffn_hidden_size=28672,
+        vocab_size=32000,
+        seq_length=4096,
+    ),
+}
+
+MCORE = "--fused-kernels --flash-attention --zero-stage 1 --comm-overlap --attention-efficiency 0.55"
+TPX = "--tp-sequence-parallel --tp-vocab-parallel"
+DGXC = "NVIDIA/dgxc-benchmarking@143b90dd"
+MOS = "mosaicml/llm-foundry scripts/train/benchmarking/README.md (H100 80GB BF16 table)"
+M = MODEL_DIR
+
+
+def _mcore(model: str, nodes: int, layout: str) -> str:
+    return f"--model {model} --cluster dgx-h100 --nodes {nodes} {layout} --recompute selective {MCORE}"
+
+
+# (label, source, dstk estimate args, metric, published value, group)
+HOPPER_RUNS: list[tuple[str, str, str, str, float, str]] = [
+    *(
+        (
+            f"Megatron-Core GPT {name}, TP{tp} PP{pp}, {n} H100",
+            "Megatron-LM README, weak-scaling table (Megatron-Core r0.8.0; per-GPU teraFLOP/s)",
+            _mcore(f"{M}/mlm-{name}.yaml", n // 8, f"--tp {tp} --pp {pp} --global-batch {gb} {TPX}"),
+            "model",
+            tf,
+            "Hopper, Megatron-Core/NeMo, bf16",
+        )
+        for name, tp, pp, n, gb, tf in (
+            ("7.1b", 2, 1, 96, 192, 465.9),
+            ("16b", 4, 1, 192, 192, 489.1),
+            ("32b", 8, 1, 384, 192, 459.6),
+            ("70b", 8, 2, 768, 384, 419.7),
+            ("119b", 8, 4, 1536, 768, 420.5),
+            ("177b", 8, 6, 2304, 1152, 432.8),
+            ("314b", 8, 8, 3072, 1536, 474.4),
+        )
+    ),
+    *(
+        (
+            f"NeMo GPT-3 175B, TP4 PP8 VP12, {n} H100",
+            f"{DGXC} nemo-megatron README_175b.md (step {step} s)",
+            _mcore(
+                f"{M}/gpt3-175b-2k.yaml",
+                n // 8,
+                f"--tp 4 --pp 8 --virtual-stages 12 --micro-batch 1 --global-batch {gb} {TPX}",
+            ),
+            "tok",
+            gb * 2048 / step / n,
+            "Hopper, Megatron-Core/NeMo, bf16",
+        )
+        for n, gb, step in ((512, 1024, 9.09), (2048, 4096, 9.02))
+    ),
+    (
+        "NeMo Nemotron-4 15B, TP4, 512 H100",
+        f"{DGXC} README (step 2.92 s)",
+        _mcore(f"{M}/nemotron4-15b.yaml", 64, f"--tp 4 --micro-batch 4 --global-batch 2048 {TPX}"),
+        "tok",
+        2048 * 4096 / 2.92 / 512,
+        "Hopper, Megatron-Core/NeMo, bf16",
+    ),
+    (
+        "NeMo Nemotron-4 340B, TP8 PP8 VP12, 512 H100",
+        f"{DGXC} README (step 4.7 s)",
+        _mcore(
+            f"{M}/nemotron4-340b.yaml",
+            64,
+            f"--tp 8 --pp 8 --virtual-stages 12 --micro-batch 1 --global-batch 128 {TPX}",
+        ),
+        "tok",
+        128 * 4096 / 4.7 / 512,
+        "Hopper, Megatron-Core/NeMo, bf16",
+    ),
+    *(
+        (
+            f"Megatron Nemotron-4 15B, TP8, {n} H100",
+            f"Parmar et al. 2024, Table 2 (iteration {it} s)",
+            _mcore(f"{M}/nemotron4-15b.yaml", n // 8, f"--tp 8 --global-batch {gb} {TPX}"),
+            "tok",
+            gb * 4096 / it / n,
+            "Hopper, Megatron-Core/NeMo, bf16",
+        )
+        for n, gb, it in ((768, 384, 0.57), (2304, 1152, 0.64))
+    ),
+    *(
+        (
+            f"NeMo Llama 3.1 70B, TP4 PP4 VP5 CP2, {n} H100",
+            f"{DGXC} llama3.1 README_70b.md ({what})",
+            _mcore(
+                f"{M}/llama3-70b.yaml",
+                n // 8,
+                f"--tp 4 --pp 4 --virtual-stages 5 --sp 2 --micro-batch 1 --global-batch {gb} {TPX}",
+            ),
+            "tok",
+            tps,
+            "Hopper, Megatron-Core/NeMo, bf16",
+        )
+        for n, gb, tps, what in (
+            (64, 128, 71235 / 64, "71,235 tokens/s"),
+            (512, 1024, 1024 * 8192 / 14.89 / 512, "step 14.89 s"),
+        )
+    ),
+    *(
+        (
+            f"NeMo Llama 3.1 8B, CP2, {n} H100",
+            f"{DGXC} llama3.1 README_8b.md ({tps_all:,} tokens/s)",
+            _mcore("llama3-8b", n // 8, f"--sp 2 --micro-batch 1 --global-batch {gb}"),
+            "tok",
+            tps_all / n,
+            "Hopper, Megatron-Core/NeMo, bf16",
+        )
+        for n, gb, tps_all in ((8, 128, 81222), (128, 2048, 1280704))
+    ),
+    (
+        "NeMo Llama 3.1 405B, TP8 PP9 VP7 CP2, 576 H100",
+        f"{DGXC} llama3.1 README_405b.md (120,022 tokens/s)",
+        _mcore(
+            "llama3-405b",
+            72,
+            f"--tp 8 --pp 9 --virtual-stages 7 --sp 2 --micro-batch 1 --global-batch 252 {TPX}",
+        ),
+        "tok",
+        120022 / 576,
+        "Hopper, Megatron-Core/NeMo, bf16",
+    ),
+    (
+        "Llama 3 405B, TP8 PP16, 8192 H100",
+        "Dubey et al. 2024, Table 4 (430 TFLOP/s)",
+        "--model llama3-405b --cluster dgx-h100 --nodes 1024 --tp 8 --pp 16 --zero-stage 1 --global-batch 2048 "
+        f"--recompute none --fused-kernels --flash-attention --comm-overlap --attention-efficiency 0.55 {TPX}",
+        "model",
+        430,
+        "Hopper, Megatron-Core/NeMo, bf16",
+    ),
+    # The same DGX Cloud recipes in FP8 (Transformer Engine, delayed scaling; same layouts, same READMEs'
+    # "Expected Performance" FP8 tables): `--precision fp8` prices TE's casts, amax reductions and weight copies
+    *(
+        (
+            f"NeMo {name} FP8, {n} H100",
+            f"{DGXC} {readme} FP8 ({what})",
+            _mcore(model, n // 8, f"{layout} --precision fp8"),
+            "tok",
+            tps,
+            "Hopper, Megatron-Core/NeMo, fp8",
+        )
+        for name, n, model, readme, layout, tps, what in (
+            (
+                "GPT-3 175B, TP4 PP8 VP12", 512, f"{M}/gpt3-175b-2k.yaml", "nemo-megatron README_175b.md",
+                f"--tp 4 --pp 8 --virtual-stages 12 --micro-batch 1 --global-batch 1024 {TPX}",
+                1024 * 2048 / 6.44 / 512, "step 6.44 s",
+            ),
+            (
+                "Nemotron-4 15B, TP4", 512, f"{M}/nemotron4-15b.yaml", "README_15b.md",
+                f"--tp 4 --micro-batch 4 --global-batch 2048 {TPX}", 2048 * 4096 / 2.12 / 512, "step 2.12 s",
+            ),
+            (
+                "Nemotron-4 340B, TP8 PP8 VP12", 512, f"{M}/nemotron4-340b.yaml", "README_340b.md",
+                f"--tp 8 --pp 8 --virtual-stages 12 --micro-batch 1 --global-batch 128 {TPX}",
+                128 * 4096 / 3.26 / 512, "step 3.26 s",
+            ),
+            (
+                "Llama 3.1 70B, TP4 PP4 VP5 CP2", 64, f"{M}/llama3-70b.yaml", "llama3.1 README_70b.md",
+                f"--tp 4 --pp 4 --virtual-stages 5 --sp 2 --micro-batch 1 --global-batch 128 {TPX}",
+                95239 / 64, "95,239 tokens/s",
+            ),
+            (
+                "Llama 3.1 8B, CP2", 8, "llama3-8b", "llama3.1 README_8b.md",
+                "--sp 2 --micro-batch 1 --global-batch 128", 108436 / 8, "108,436 tokens/s",
+            ),
+            (
+                "Llama 3.1 405B, TP8 PP9 VP7 CP2", 576, "llama3-405b", "llama3.1 README_405b.md",
+                f"--tp 8 --pp 9 --virtual-stages 7 --sp 2 --micro-batch 1 --global-batch 252 {TPX}",
+                183664 / 576, "183,664 tokens/s",
+            ),
+        )
+    ),  # fmt: skip
+    # PyTorch FSDP stacks
+    *(
+        (
+            f"MosaicML MPT-{name}, FSDP {mode}, {n} H100, b={b}",
+            f"{MOS} ({tps} T/s/GPU)",
+            f"--model {M}/mpt-{name}.yaml --cluster dgx-h100 --nodes {n // 8} --zero-stage {3 if mode == 'FULL' else 2} "
+            f"--micro-batch {b} --global-batch {b * n} --recompute {rc} --flash-attention",
+            "tok",
+            tps,
+            "Hopper, PyTorch FSDP, bf16",
+        )
+        for name, mode, n, b, rc, tps in (
+            ("1b", "GRAD_OP", 512, 12, "none", 39837),
+            ("1b", "GRAD_OP", 128, 12, "none", 44123),
+            ("3b", "GRAD_OP", 512, 8, "none", 21664),
+            ("7b", "FULL", 512, 6, "none", 9670),
+            ("7b", "FULL", 256, 6, "none", 10119),
+            ("7b", "FULL", 8, 6, "none", 10643),
+            ("13b", "FULL", 512, 16, "full", 4952),
+            ("70b", "FULL", 512, 8, "full", 1007),
+            ("70b", "FULL", 64, 8, "full", 1039),
+        )
+    ),
+    *(
+        (
+            f"torchtitan Llama 3.1 8B, FSDP2, {n} H100",
+            f"torchtitan benchmarks/llama3_h100_202412_torchtitan.md ({tps:,} TPS/GPU; H100 96 GB at 500 W)",
+            f"--model llama3-8b --cluster dgx-h100 --nodes {n // 8} --zero-stage 3 --micro-batch 2 --global-batch "
+            f"{2 * n} --recompute selective --flash-attention",
+            "tok",
+            tps,
+            "Hopper, PyTorch FSDP, bf16",
+        )
+        for n, tps in ((8, 5762), (128, 6514))
+    ),
+    *(
+        (
+            f"IBM fms-fsdp Llama 2 {name}, 96 H100",
+            f"foundation-model-stack/fms-fsdp README ({tps} tokens/s/GPU)",
+            f"--model {ref} --cluster dgx-h100 --nodes 12 --zero-stage 3 --micro-batch 2 --global-batch 192 "
+            f"--recompute {rc} --flash-attention --seq-length 4096",
+            "tok",
+            tps,
+            "Hopper, PyTorch FSDP, bf16",
+        )
+        for name, ref, rc, tps in (
+            ("7B", "llama-7b", "none", 7500),
+            ("13B", f"{M}/llama2-13b.yaml", "selective", 3800),
+            ("70B", f"{M}/llama2-70b.yaml", "full", 800),
+        )
+    ),
+]

@@ -1,0 +1,139 @@
+"""FP8 training as the runtimes run it: which GEMMs run in FP8, what the casts around them cost, what memory
+they change. Pure; no torch.
+
+What runs in FP8 — Transformer Engine's docs (introduction.rst:243-247): "Linear operations: run in low
+precision. Attention computations: run in high precision by default ... Other operations (layer
+normalization, softmax, etc.): run in high precision." So the linear layers of every block (QKV, attention
+output, the MLP or the experts) run their forward and both backward GEMMs in FP8 (TE's 12 per layer,
+speedups.rst:9-13) at the cluster's FP8 peak and `fp8_matmul_efficiency`; the attention core, norms, softmax,
+the LM head, the embedding, routers and the loss stay bf16, as TE's TransformerLayer (blocks only) and dstk's
+torchao filter (the LM head left out) leave them. Weights, gradients, optimizer states and the activations
+between ops stay bf16, so model states, ZeRO traffic and the optimizer cost what a bf16 run's do.
+
+Two recipes, one per runtime dstk writes for (`Layout.fp8_recipe`):
+- `delayed` — Megatron-DeepSpeed's `--transformer-impl transformer_engine` builds TE's DelayedScaling with the
+  data-parallel group as `fp8_group` and passes `is_first_microbatch` (megatron/model/transformer.py:1715-1731,
+  2067-2077 @ f1feb88). A cast reads the bf16 tensor once ("other recipes ... typically require only a single
+  memory read", fp8_current_scaling.rst:69-76) and writes the rowwise and, on Hopper/Ada, the physically
+  transposed columnwise FP8 copy in one kernel (performance_considerations.rst:96-100, 122-126): e + 2 bytes
+  per element, for each linear input in forward and each output gradient in backward; the weights once per
+  optimizer step, their FP8 copies (rowwise + columnwise, 2 bytes per weight) kept between micro-batches.
+  The amaxes are all-reduced over the data-parallel group after forward and after backward (`reduce_amax`).
+- `tensorwise` — `dstk train` swaps the HF model's nn.Linear for torchao.float8's Float8Linear (dynamic
+  tensorwise scaling) and runs it eagerly (no torch.compile, which would fuse the casts). Read from torchao
+  0.18.0: each cast is `torch.max(torch.abs(x))`, a scale, then `x.to(float32) * scale`, a clamp and `.to(fp8)`
+  (float8_utils.py tensor_to_amax/to_fp8_saturated, float8_training_tensor.py:153-154) — 33 bytes moved per
+  bf16 element in ten kernels. Per linear layer forward casts the input and the weight; backward casts the
+  output gradient twice (for dgrad and wgrad), the input and the weight again (it saved them in bf16,
+  float8_linear.py `ctx.save_for_backward(input_hp, weight_hp_t)`), and `_scaled_mm`'s layout rule copies
+  three FP8 operands (float8_ops.py preprocess_addmm: `a.contiguous()`, `b.t().contiguous().t()`). Saved
+  activations do not change (torchao measures 47.65 vs 47.77 GB, docs training.md); two fp32 temporaries of
+  the largest cast tensor exist at once.
+
+Left out: the amax history (5 values per GEMM, kilobytes), Blackwell's native columnwise access (one FP8 copy
+instead of two), TE's fusion of a norm with the following cast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from toolkit.plan.specs import ClusterSpec
+
+Recipe = Literal["delayed", "tensorwise"]
+
+TE_COPIES = 2
+"""FP8 copies TE writes per cast on Hopper/Ada: rowwise and the physically transposed columnwise one."""
+EAGER_CAST_BYTES = 33
+"""Bytes per bf16 element of one eager torchao cast: abs (read 2, write 2), max (2), to fp32 (2 + 4), × scale
+(4 + 4), clamp (4 + 4), to fp8 (4 + 1)."""
+EAGER_CAST_KERNELS = 10
+"""Kernels of one eager torchao cast: abs, max; amax_to_scale's to(float64), clamp, division, to(float32);
+to(float32), multiplication, clamp, to(fp8)."""
+LAYOUT_COPY_BYTES = 2
+"""An FP8 operand copied into the layout `torch._scaled_mm` takes (read 1 byte, write 1)."""
+EAGER_TRANSIENT_BYTES = 8
+"""Per element of the tensor being cast: `x.to(float32) * scale` and its clamped copy, both fp32, alive at once."""
+AMAX_BYTES = 4 * (3 + 2)
+"""fp32 amaxes per GEMM TE reduces: 3 forward (input, weight, output), 2 backward (fp8_delayed_scaling.rst:70-73)."""
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One linear layer's GEMM on one rank for one micro-batch: (m × k)·(k × n), with the weight elements
+    behind it (k·n, times the experts the rank holds) and whether a bias follows."""
+
+    m: float
+    k: float
+    n: float
+    weights: float
+    bias: bool = False
+
+
+@dataclass(frozen=True)
+class Fp8Gemms:
+    """Where a layout's linear GEMMs run: the FP8 peak, the share of it they sustain, and the recipe."""
+
+    peak: float
+    efficiency: float
+    recipe: Recipe
+
+
+def fp8_gemms(cluster: ClusterSpec, recipe: Recipe | None) -> Fp8Gemms | None:
+    """The FP8 GEMM rate of `cluster` for a layout's recipe; None when the layout is not fp8."""
+    if recipe is None:
+        return None
+    return Fp8Gemms(cluster.peak_flops("fp8"), cluster.fp8_matmul_efficiency(), recipe)
+
+
+@dataclass(frozen=True)
+class CastTraffic:
+    """HBM bytes and kernels of the FP8 casts around a block's linear layers, per micro-batch."""
+
+    forward_bytes: float
+    backward_bytes: float
+    forward_kernels: int
+    backward_kernels: int
+    per_step_bytes: float = 0.0
+    """Weight casts done once per optimizer step (TE with `is_first_microbatch`)."""
+
+
+def cast_traffic(linears: list[Linear], e: int, recipe: Recipe) -> CastTraffic:
+    """The casts around `linears` (one block) under `recipe` (module docstring), `e` bytes per bf16 element."""
+    inputs = sum(x.m * x.k for x in linears)
+    grads = sum(x.m * x.n for x in linears)
+    weights = sum(x.weights for x in linears)
+    if recipe == "delayed":
+        cast = e + TE_COPIES
+        return CastTraffic(inputs * cast, grads * cast, len(linears), len(linears), weights * cast)
+    c, n = EAGER_CAST_BYTES, len(linears)
+    # Float8Linear adds its bias as a separate kernel on the bf16 output (F.linear fuses it into the GEMM)
+    bias = sum(2 * e * x.m * x.n for x in linears if x.bias)
+    forward = (inputs + weights) * c + bias
+    backward = (inputs + weights) * (c + LAYOUT_COPY_BYTES) + grads * (2 * c + LAYOUT_COPY_BYTES)
+    n_bias = sum(1 for x in linears if x.bias)
+    return CastTraffic(
+        forward, backward, 2 * n * EAGER_CAST_KERNELS + n_bias, 4 * n * EAGER_CAST_KERNELS + 3 * n
+    )
+
+
+def weight_copies_bytes(linears: list[Linear], blocks: int, recipe: Recipe | None) -> float:
+    """FP8 weight copies a rank keeps between micro-batches: TE's rowwise + columnwise workspace (2 bytes per
+    linear weight, performance_considerations.rst "Master weights"); torchao casts afresh and keeps none."""
+    if recipe != "delayed":
+        return 0.0
+    return blocks * TE_COPIES * sum(x.weights for x in linears)
+
+
+def cast_transient_bytes(linears: list[Linear], recipe: Recipe | None) -> float:
+    """Temporaries of an eager torchao cast of the largest input or output gradient (fp32 twice); TE's fused
+    casts keep none."""
+    if recipe != "tensorwise" or not linears:
+        return 0.0
+    return EAGER_TRANSIENT_BYTES * max(max(x.m * x.k, x.m * x.n) for x in linears)
+
+
+def amax_bytes(linears: list[Linear], blocks: int) -> float:
+    """fp32 amaxes of one stage's FP8 GEMMs that TE all-reduces (forward and backward together)."""
+    return blocks * len(linears) * AMAX_BYTES
