@@ -10,6 +10,7 @@ from pathlib import Path
 
 from toolkit.commands import add_model_args
 from toolkit.run.stability import GuardOptions
+from toolkit.run.stragglers import MIN_EXCESS_S, WINDOW_STEPS
 from toolkit.run.stragglers import RATIO as STRAGGLER_RATIO
 from toolkit.run.stragglers import WINDOWS as STRAGGLER_WINDOWS
 
@@ -100,8 +101,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=STRAGGLER_RATIO,
         metavar="R",
-        help="name a rank that works R times as long as the others' median each step, in "
-        f"{STRAGGLER_WINDOWS} log windows in a row, in the log and summary.json (default {STRAGGLER_RATIO:g})",
+        help="name a rank that works R times as long as the others' median each step (and at least "
+        f"{MIN_EXCESS_S * 1000:g} ms longer), in {STRAGGLER_WINDOWS} windows of {WINDOW_STEPS}+ steps in a row, in the "
+        f"log and summary.json (default {STRAGGLER_RATIO:g})",
     )
     parser.add_argument(
         "--cluster",
