@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from dataclasses import dataclass
@@ -57,6 +58,11 @@ class Bed:
         return subprocess.run(
             list(argv), env=self.env, cwd=REPO, capture_output=True, text=True, timeout=timeout
         )
+
+    def node(self, action: str, name: str) -> None:
+        """`node-down NAME` (the node is lost: its sshd and all it runs killed) or `node-up NAME`."""
+        proc = self.run("bash", str(BED / "sshbed.sh"), action, name, timeout=60)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def _bed_processes(root: Path) -> list[str]:
@@ -284,3 +290,76 @@ def test_data_prepare_on_two_slurm_nodes_writes_the_one_node_dataset(tmp_path, b
     assert "its 4 tasks ran on node1, node2" in two.stderr
     assert _tree(tmp_path / "two") == _tree(tmp_path / "one")
     assert not (tmp_path / "two" / ".dstk-work").exists()
+
+
+def test_a_lost_node_is_named_and_elastic_goes_on_with_the_node_that_remains(
+    tmp_path, bed, zero_runs, prepared_data, init_weights
+):
+    """ZeRO-2 on node1 and node2 (one rank each), checkpoints every 3 steps; after step 7 node2 is lost: its
+    sshd and everything under it killed, and it answers ssh no more. `dstk launch --elastic --max-restarts 1`
+    names it, re-plans for node1 alone (1 rank, gradient accumulation 1 → 2, the global batch kept), converts
+    the newest complete checkpoint to universal beside it and resumes there over pdsh: the data position is
+    exactly the checkpoint's (step × global batch, no row read twice or skipped), the run ends at step 10 with
+    the one-node reference's losses (fp32, 1e-4: another reduction order), and it says what it changed. Then,
+    with node2 still down, the same launch without --elastic stops before any rank starts, naming node2."""
+    from tests.distributed import dstk_cmd
+
+    cluster = bed.cluster(tmp_path / "two-node.yaml", "pdsh", hostnames=["node1", "node2"], ssh_port=2222)
+    cfg = zero_config(tmp_path / "z2.json", 2)
+    run, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    args = train_args(prepared_data, STEPS, "--init-from", str(init_weights), "--checkpoint-dir", str(ckpt),
+                      "--save-every", "3", "--inject-fault", "2+:slow")  # fmt: skip
+    launch = ["--cluster", str(cluster), "--config", str(cfg), "--master-port", str(free_port())]
+    cmd = dstk_cmd("launch", *launch, "--run-dir", str(run / "launch"), "--max-restarts", "1", "--elastic",
+                   "--", "--run-dir", str(run), "--no-progress", *args)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, env=bed.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        metrics, deadline = run / "metrics.jsonl", time.time() + 300
+        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 7):
+            assert proc.poll() is None and time.time() < deadline, "the job ended before step 7"
+            time.sleep(0.1)
+        bed.node("node-down", "node2")
+        lost = time.time()
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, out[-4000:]
+        events = [json.loads(x) for x in (run / "launch" / "launch_events.jsonl").read_text().splitlines()]
+        named = next(e for e in events if "lost_nodes" in e)
+        print(f"node2 named {named['time'] - lost:.1f} s after it was lost")
+        assert list(named["lost_nodes"]) == ["node2"]
+        assert "dstk launch: node node2 does not answer (ssh -p 2222: " in out
+        said = [x for x in out.splitlines() if x.startswith("dstk launch: --elastic: node2 lost")]
+        assert len(said) == 1, out[-4000:]
+        assert (
+            "the job goes on node1 with 1 rank(s) instead of 2: dp 2 → 1, gradient accumulation 1 → 2"
+            in said[0]
+        )
+        assert "(global batch 8 kept: each step reads the same rows)" in said[0]
+        step = int(re.search(r"it resumes at step (\d+), data position (\d+)", said[0])[1])
+        tag = f"step{step:08d}-universal"
+        assert 3 <= step <= 6 and said[0].endswith(f"converted to universal as {tag}")
+        assert f"node1: resumed from {ckpt / tag} at step {step}" in out
+        s = json.loads((run / "summary.json").read_text())
+        assert s["world_size"] == 1 and s["layout"]["gradient_accumulation_steps"] == 2
+        assert (
+            s["data_start_position"] == step * 8 and s["data_position"] == STEPS * 8
+        )  # nothing re-read or skipped
+        reference = zero_runs[2].summary["losses"]
+        assert len(s["losses"]) == STEPS and s["losses"][step:] == pytest.approx(reference[step:], rel=1e-4)
+
+        again = bed.run(*dstk_cmd("launch", *launch, "--run-dir", str(tmp_path / "b" / "launch"), "--",
+                                  "--run-dir", str(tmp_path / "b"), "--no-progress", *train_args(prepared_data, STEPS)))  # fmt: skip
+        lines = [x for x in again.stderr.splitlines() if x.startswith("dstk launch: ")]
+        assert again.returncode == 1 and lines[-1].startswith("dstk launch: node node2 does not answer"), (
+            again.stderr
+        )
+        assert lines[-1].endswith(
+            "the job needs its 2 nodes, stopping (--elastic restarts it on the 1 that answer)"
+        )
+        assert not (tmp_path / "b" / "heartbeat").exists()  # no rank started
+    finally:
+        if proc.poll() is None:  # the test failed while the job ran: stop it as a user would (dstk launch
+            proc.terminate()  # forwards SIGTERM to the whole job, then kills what is left)
+            proc.wait(timeout=150)
+        bed.node("node-up", "node2")

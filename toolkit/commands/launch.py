@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.commands import add_cluster_args, cluster_from_args
+from toolkit.launcher.heartbeat import HANG_FLOOR_S, HANG_STEPS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +44,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0,
         metavar="N",
         help="rerun a failed job up to N times, resuming from the newest complete checkpoint",
+    )
+    parser.add_argument(
+        "--hang-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="stop the job when no rank advances for S seconds (each rank's heartbeat under the train run "
+        "dir), naming the rank and node that stopped; with --max-restarts it restarts (default: "
+        f"{HANG_STEPS} predicted steps, at least {HANG_FLOOR_S:g} s; 0: off)",
+    )
+    parser.add_argument(
+        "--elastic",
+        action="store_true",
+        help="several nodes over pdsh: when a node no longer answers ssh, go on with the nodes that remain "
+        "(same global batch, the newest checkpoint converted to universal) instead of stopping",
     )
     parser.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
     slurm = parser.add_argument_group("SLURM (with --slurm)")
@@ -104,17 +120,6 @@ def _rendezvous_port(asked: int | None, probe: bool) -> int:
     return free
 
 
-def _rank_env_file(cluster: Any, environ: dict[str, str], run_dir: Path) -> tuple[Path, str] | None:
-    """Where a multi-node job's `.deepspeed_env` goes (absolute: the runner reads it from DS_ENV_FILE) and its
-    text (toolkit.launcher.command.rank_env); None for one node. Computed before anything is written, so a
-    bad `env` in the cluster file is refused first."""
-    from toolkit.launcher.command import env_file_text, rank_env
-
-    if cluster.nodes == 1:
-        return None
-    return (run_dir / "deepspeed_env").resolve(), env_file_text(rank_env(cluster, environ))
-
-
 def train_parser() -> argparse.ArgumentParser:
     """`dstk train`'s own parser (its flags from commands/train.py), to judge the arguments after `--`."""
     from toolkit.commands import OneLineParser
@@ -125,18 +130,19 @@ def train_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _preflight(path: Path, cluster: Any, train_args: list[str]) -> list[str]:
+def _preflight(path: Path, cluster: Any, train_args: list[str]) -> tuple[Any, list[str]]:
     """Everything the ranks would check (toolkit.run.preflight) and DeepSpeed's verdict on the config for the
     world about to start, before any rank starts or a script is written: a misspelt train flag, data
     prepared for another model, an unwritable checkpoint folder, a resume onto other data, a bad batch fail
-    here in seconds with one line, not on every rank after start-up. Returns the notes to say once."""
+    here in seconds with one line, not on every rank after start-up. Returns the checked TrainRun and the
+    notes to say once."""
     from toolkit.errors import UserError
     from toolkit.integrations.ds_input import read_ds_config
     from toolkit.integrations.validate import validate_config
     from toolkit.run.preflight import prepare_run
 
     train = train_parser().parse_args([*train_args, "--config", str(path)])
-    _, notes = prepare_run(train, cluster.world_size, cluster)
+    run, notes = prepare_run(train, cluster.world_size, cluster)
     cfg = read_ds_config(path)
     verdict = validate_config(cfg, cluster.world_size, cluster.accelerator)
     if verdict.problems:
@@ -144,10 +150,12 @@ def _preflight(path: Path, cluster: Any, train_args: list[str]) -> list[str]:
             f" (and {len(verdict.problems) - 1} more: dstk validate {path} --world-size {cluster.world_size})"
         )
         raise UserError(f"--config: {verdict.problems[0].text}{more if len(verdict.problems) > 1 else ''}")
-    return notes
+    return run, notes
 
 
-def _program(args: argparse.Namespace, cluster_file: Path, cluster: Any = None) -> list[str]:
+def _program(args: argparse.Namespace, cluster_file: Path, cluster: Any = None) -> tuple[list[str], Any]:
+    """The program every rank runs, and `dstk train`'s checked TrainRun (None for a script, or when
+    --include/--exclude leave the world size unknown here)."""
     import os
 
     from toolkit.commands.train import PREFLIGHT_DONE
@@ -158,56 +166,114 @@ def _program(args: argparse.Namespace, cluster_file: Path, cluster: Any = None) 
     if program and program[0] == "--":
         program = program[1:]
     if program and (program[0] in ("-m", "--module") or program[0].endswith(".py")):
-        return program
+        return program, None
     if args.config is None:
         raise UserError("--config: dstk train needs the DeepSpeed config (dstk config writes one)")
     input_file(args.config, "--config", "a DeepSpeed JSON config")
+    run = None
     if cluster is not None and not (args.include or args.exclude):
-        for note in _preflight(args.config, cluster, program):
+        run, notes = _preflight(args.config, cluster, program)
+        for note in notes:
             print(f"dstk launch: note: {note}", file=sys.stderr, flush=True)
         os.environ[PREFLIGHT_DONE] = "1"  # the ranks need not say the notes again
     extra = ["--config", str(args.config)]
     if "--cluster" not in program:
         extra += ["--cluster", str(cluster_file)]
-    return program + extra
+    return program + extra, run
 
 
 def run(args: argparse.Namespace) -> int:
-    import yaml
-
     from toolkit.errors import UserError
-    from toolkit.launcher.command import deepspeed_command, hostfile_text
-    from toolkit.launcher.job import built_op, remove_shm_buffers, run_job, stale_build_locks
+    from toolkit.launcher.heartbeat import hang_timeout
+    from toolkit.launcher.job import built_op, remove_shm_buffers, stale_build_locks
+    from toolkit.launcher.supervise import Supervisor
 
     if args.max_restarts < 0:
         raise UserError("--max-restarts: must not be negative")
+    if args.hang_timeout is not None and args.hang_timeout < 0:
+        raise UserError("--hang-timeout: must not be negative (0 turns the watch off)")
     if args.slurm is None:
         for flag in SLURM_ONLY:
             if getattr(args, flag.lstrip("-").replace("-", "_")) is not None:
                 raise UserError(f"{flag}: only with --slurm FILE")
     args.cluster = args.cluster or "local"  # this machine, detected (and calibrated if calibrate ran)
     cluster = cluster_from_args(args)
+    if args.elastic and (cluster.nodes == 1 or cluster.launcher != "pdsh"):
+        raise UserError(
+            "--elastic: for a job on several nodes reached over pdsh/ssh (launcher: pdsh in the cluster file); "
+            f"this one has {cluster.nodes} node(s), launcher {cluster.launcher}"
+        )
     from toolkit.paths import output_dir, output_file
 
     output_dir(args.run_dir, "--run-dir")
     if args.slurm is not None:
         output_file(args.slurm, "--slurm")
         return _write_slurm(args, cluster)
-    hostfile, cluster_file = args.run_dir / "hostfile", args.run_dir / "cluster.yaml"
-    text = hostfile_text(cluster)
-    program = _program(args, cluster_file, cluster)
+    from toolkit.launcher.command import hostfile_text
+
+    hostfile_text(cluster)  # its host names are checked first, before the train command
+    program, train = _program(args, args.run_dir / "cluster.yaml", cluster)
     args.master_port = _rendezvous_port(args.master_port, cluster.nodes == 1 and not args.dry_run)
-    launch = deepspeed_command(
-        cluster, hostfile, program, master_port=args.master_port, include=args.include, exclude=args.exclude
+    attempt = _attempt(args, cluster, program, train)
+    if args.dry_run:  # the files the printed command names are written, so it runs as printed
+        print(attempt.shell)
+        return 0
+    for lock in stale_build_locks(attempt.env):
+        print(
+            f"dstk launch: warning: {lock} is a stale JIT build lock (a killed build); ranks that need this op "
+            f"will wait for ever: delete {lock.parent} and it is rebuilt",
+            file=sys.stderr,
+            flush=True,
+        )
+    if cluster.accelerator == "cpu" and not built_op("deepspeed_shm_comm", attempt.env):
+        print(
+            "dstk launch: first launch with this extensions cache: DeepSpeed compiles its CPU communication op "
+            "(shm_comm) before step 1, about a minute on 2 cores, once (cached under TORCH_EXTENSIONS_DIR)",
+            file=sys.stderr,
+            flush=True,
+        )
+    supervisor = Supervisor(
+        max_restarts=args.max_restarts,
+        hang_timeout_s=hang_timeout(args.hang_timeout, cluster, train),
+        events=args.run_dir / "launch_events.jsonl",
+        elastic=(lambda a, lost: _shrink(args, train, a, lost)) if args.elastic else None,
+        after=(lambda: remove_shm_buffers(args.master_port)) if cluster.nodes == 1 else (lambda: None),
+        stopped=lambda signum: _say_where_it_stopped(signum, program),
     )
+    return supervisor.run(attempt)
+
+
+def _attempt(
+    args: argparse.Namespace, cluster: Any, program: list[str], train: Any, remote: bool = False
+) -> Any:
+    """The launcher command for `cluster` with its files written (hostfile, cluster.yaml, the ranks'
+    environment), as one attempt of the supervisor. `remote`: reach even one node over pdsh (an elastic job
+    that kept one)."""
     import dataclasses
     import os
 
+    import yaml
+
+    from toolkit.launcher.command import deepspeed_command, hostfile_text, rank_env_file
+    from toolkit.launcher.heartbeat import heartbeat_dir
+    from toolkit.launcher.supervise import Attempt
+
+    hostfile, cluster_file = args.run_dir / "hostfile", args.run_dir / "cluster.yaml"
+    text = hostfile_text(cluster)
+    launch = deepspeed_command(
+        cluster,
+        hostfile,
+        program,
+        master_port=args.master_port,
+        include=args.include,
+        exclude=args.exclude,
+        remote=remote,
+    )
     env = {**os.environ, **launch.env}
     if cluster.accelerator == "cpu" and "OMP_NUM_THREADS" not in env:
         # each rank would otherwise start one OpenMP thread per core: N ranks oversubscribe the cores N times
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cluster.gpus_per_node))
-    ranks_env = _rank_env_file(cluster, env, args.run_dir)
+    ranks_env = rank_env_file(cluster, env, args.run_dir, remote)
     args.run_dir.mkdir(parents=True, exist_ok=True)
     hostfile.write_text(text)
     cluster_file.write_text(yaml.safe_dump(cluster.model_dump(exclude_none=True), sort_keys=False))
@@ -216,46 +282,40 @@ def run(args: argparse.Namespace) -> int:
         env_file.write_text(env_text)
         launch = dataclasses.replace(launch, env={**launch.env, "DS_ENV_FILE": str(env_file)})
         env["DS_ENV_FILE"] = str(env_file)
-    if args.dry_run:  # the files the printed command names are written, so it runs as printed
-        print(launch.shell())
-        return 0
-    for lock in stale_build_locks(env):
-        print(
-            f"dstk launch: warning: {lock} is a stale JIT build lock (a killed build); ranks that need this op "
-            f"will wait for ever: delete {lock.parent} and it is rebuilt",
-            file=sys.stderr,
-            flush=True,
-        )
-    if cluster.accelerator == "cpu" and not built_op("deepspeed_shm_comm", env):
-        print(
-            "dstk launch: first launch with this extensions cache: DeepSpeed compiles its CPU communication op "
-            "(shm_comm) before step 1, about a minute on 2 cores, once (cached under TORCH_EXTENSIONS_DIR)",
-            file=sys.stderr,
-            flush=True,
-        )
-    argv = [sys.executable, "-m", "deepspeed.launcher.runner", *launch.argv[1:]]
-    log = args.run_dir / "launch_events.jsonl"
-    attempt = 0
-    while True:
-        start = time.time()
-        code, stopped_by = run_job(argv, env)
-        if cluster.nodes == 1:
-            remove_shm_buffers(args.master_port)
-        _event(log, {"attempt": attempt, "exit_code": code, "seconds": round(time.time() - start, 1)})
-        if stopped_by:
-            _say_where_it_stopped(stopped_by, program)
-            return 128 + stopped_by
-        if code == 0 or attempt >= args.max_restarts:
-            return code
-        attempt += 1
-        print(
-            f"dstk launch: the job failed (exit {code}); restart {attempt}/{args.max_restarts} from the newest "
-            "complete checkpoint",
-            file=sys.stderr,
-            flush=True,
-        )
-        if "--resume" not in argv:
-            argv += ["--resume", "auto"]
+    over_ssh = (cluster.nodes > 1 or remote) and cluster.launcher == "pdsh"
+    return Attempt(
+        argv=[sys.executable, "-m", "deepspeed.launcher.runner", *launch.argv[1:]],  # type: ignore[list-item]
+        env=env,
+        program=program,
+        cluster=cluster,
+        shell=launch.shell(),
+        world_size=cluster.world_size,
+        hostnames=list(cluster.hostnames) if cluster.hostnames else None,
+        heartbeats=heartbeat_dir(train.run_dir) if train is not None else None,
+        probe=list(cluster.hostnames or []) if over_ssh else [],
+        ssh_port=cluster.ssh_port,
+    )
+
+
+def _shrink(args: argparse.Namespace, train: Any, attempt: Any, lost: dict[str, str]) -> Any:
+    """--elastic: the attempt for the nodes that answer (toolkit.run.elastic), said in one line."""
+    from toolkit.launcher.supervise import lost_line
+    from toolkit.run.elastic import shrink
+
+    print(f"dstk launch: {lost_line(lost, attempt.ssh_port)}", file=sys.stderr, flush=True)
+    if train is None:
+        from toolkit.errors import UserError
+
+        raise UserError("--elastic: re-plans dstk train only (not a script, nor with --include/--exclude)")
+    program = list(attempt.program)
+    config = Path(program[program.index("--config") + 1])
+    smaller = shrink(attempt.cluster, list(lost), config, train.model, train.checkpoint_dir, args.run_dir)
+    print(f"dstk launch: {smaller.message}", file=sys.stderr, flush=True)
+    _event(args.run_dir / "launch_events.jsonl", smaller.record)
+    program[program.index("--config") + 1] = str(smaller.config)
+    if smaller.resume_tag is not None and "--resume" not in program:
+        program += ["--resume", "auto"]
+    return _attempt(args, smaller.cluster, program, train, remote=True)
 
 
 SLURM_ONLY = ("--job-name", "--time", "--partition", "--account", "--cpus-per-task", "--gres")
@@ -306,8 +366,10 @@ def _write_slurm(args: argparse.Namespace, cluster: object) -> int:
     from toolkit.launcher.slurm import SlurmOptions, sbatch_script
 
     run_dir = args.run_dir.resolve()
-    ranks_env = _rank_env_file(cluster, dict(os.environ), run_dir)
-    program = _program(args, run_dir / "cluster.yaml", cluster)
+    from toolkit.launcher.command import rank_env_file
+
+    ranks_env = rank_env_file(cluster, dict(os.environ), run_dir)
+    program, _ = _program(args, run_dir / "cluster.yaml", cluster)
     options = SlurmOptions(
         job_name=args.job_name or _default_job_name(program),
         time=args.time,

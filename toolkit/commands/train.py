@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from toolkit.commands import add_model_args
 from toolkit.run.stability import GuardOptions
+from toolkit.run.stragglers import MIN_EXCESS_S, WINDOW_STEPS
+from toolkit.run.stragglers import RATIO as STRAGGLER_RATIO
+from toolkit.run.stragglers import WINDOWS as STRAGGLER_WINDOWS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,6 +52,15 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--log-every", type=int, default=10, metavar="N", help="log metrics every N steps")
     parser.add_argument("--seed", type=int, default=0, help="seed for weights, data order and dropout")
+    parser.add_argument(
+        "--straggler-ratio",
+        type=float,
+        default=STRAGGLER_RATIO,
+        metavar="R",
+        help="name a rank that works R times as long as the others' median each step (and at least "
+        f"{MIN_EXCESS_S * 1000:g} ms longer), in {STRAGGLER_WINDOWS} windows of {WINDOW_STEPS}+ steps in a row, in the "
+        f"log and summary.json (default {STRAGGLER_RATIO:g})",
+    )
     parser.add_argument(
         "--cluster",
         metavar="C",
@@ -92,6 +105,18 @@ def _add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
         "takes the newest of snapshots and checkpoints (default: the config's plan, else 0 = none)",
     )
     group.add_argument(
+        "--on-save-error",
+        choices=("stop", "continue"),
+        default="stop",
+        help="a checkpoint that cannot be written (full disk, quota, permissions; the previous complete one "
+        "stays loadable): stop the run cleanly there, or keep training and try again at the next save",
+    )
+    _add_resume_arguments(group)
+
+
+def _add_resume_arguments(group: Any) -> None:
+    """How a run continues from the checkpoints in --checkpoint-dir."""
+    group.add_argument(
         "--resume",
         default="never",
         metavar="auto|never|TAG",
@@ -133,7 +158,7 @@ def _add_test_faults(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--slow-snapshot", type=float, default=0.0, metavar="S", help=argparse.SUPPRESS)
     parser.add_argument(
-        "--inject-fault", action="append", metavar="STEP[+]:nan|spike", help=argparse.SUPPRESS
+        "--inject-fault", action="append", metavar="STEP[+]:nan|spike|slow[@RANK]", help=argparse.SUPPRESS
     )
 
 
@@ -233,6 +258,11 @@ def run(args: argparse.Namespace) -> int:
     summary = main(run)
     # stopped by SIGTERM/SIGINT (at a step boundary, checkpoint written): 128 + the signal, the shell convention
     code = 128 + summary["stopped_by"] if summary.get("stopped_by") else 0
+    errors = summary.get("save_errors") or []
+    if not code and (
+        summary.get("stopped_by_save_error") or (errors and errors[-1]["step"] >= summary["final_step"])
+    ):
+        code = 1  # the run's final state is in no complete checkpoint (toolkit.run.save_errors said why)
     if "LOCAL_RANK" in os.environ:
         from toolkit.run.runtime import exit_without_teardown
 

@@ -20,6 +20,7 @@ from datatrove.pipeline.base import PipelineStep
 
 from toolkit.data.explain import no_validation
 from toolkit.data.filter import FilterCounts, drops, stage_counts
+from toolkit.data.integrity import record as file_record
 from toolkit.data.megatron import MegatronWriter
 from toolkit.data.mix import mixture_weights, select, shares, token_budgets
 from toolkit.data.pack import write_split
@@ -139,6 +140,8 @@ class Assemble(PipelineStep):
             "tokens_after": chosen,
             "realised_shares": shares(chosen),
         }
+        # shard sizes and tokenizer hashes: what the pre-flight checks (toolkit.data.integrity)
+        manifest.update(file_record(dataset))
         write_json(dataset / MANIFEST, manifest)
         return {"documents": done, "rows": rows, "megatron": megatron}
 

@@ -269,6 +269,22 @@ def build_ds_config(
     return cfg
 
 
+def rebatch(cfg: dict[str, Any], layout: Layout) -> dict[str, Any]:
+    """`cfg` for another world size (`dstk launch --elastic`): `layout`'s batch keys — the same global batch,
+    the micro-batch and accumulation for its data-parallel degree — and, in a config dstk wrote, `layout` in
+    the `dstk` block; every other key as it was."""
+    out = {
+        **cfg,
+        "train_batch_size": layout.global_batch_size * layout.tp,  # AutoTP peers count (build_ds_config)
+        "train_micro_batch_size_per_gpu": layout.micro_batch_size,
+        "gradient_accumulation_steps": layout.gradient_accumulation_steps,
+    }
+    block = cfg.get(DSTK_KEY)
+    if isinstance(block, dict) and block.get("layout") is not None:
+        out[DSTK_KEY] = {**block, "layout": layout.model_dump()}
+    return out
+
+
 def dumps(cfg: dict[str, Any]) -> str:
     """Sorted keys, 2-space indent, trailing newline: generated files diff cleanly."""
     return json.dumps(cfg, sort_keys=True, indent=2) + "\n"

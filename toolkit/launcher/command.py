@@ -153,6 +153,17 @@ def rank_env(cluster: ClusterSpec, environ: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def rank_env_file(
+    cluster: ClusterSpec, environ: dict[str, str], run_dir: Path, remote: bool = False
+) -> tuple[Path, str] | None:
+    """Where a multi-node job's `.deepspeed_env` goes (absolute: the runner reads it from DS_ENV_FILE) and its
+    text (`rank_env`); None for one local node (`remote`: one node reached over pdsh needs it too). Computed
+    before anything is written, so a bad `env` in the cluster file is refused first."""
+    if cluster.nodes == 1 and not remote:
+        return None
+    return (run_dir / "deepspeed_env").resolve(), env_file_text(rank_env(cluster, environ))
+
+
 def env_file_text(env: dict[str, str]) -> str:
     """`env` as DeepSpeed's `.deepspeed_env` (read by the runner from `DS_ENV_FILE`): one KEY=VALUE per line."""
     return "".join(f"{k}={v}\n" for k, v in env.items())
@@ -201,17 +212,19 @@ def launcher_argv(
     include: str | None = None,
     exclude: str | None = None,
     cwd: str,
+    remote: bool = False,
 ) -> list[Word]:
     """The `deepspeed` argv for `program` (`["-m", "module", ...]`, `["script.py", ...]`, or dstk train args).
 
-    `hostfile` None means one local node. `--no_local_rank`: dstk reads LOCAL_RANK from the environment. On
+    `hostfile` None means one local node; `remote` reaches even one node through the cluster's backend (an
+    elastic job left with one node, which need not be this host). `--no_local_rank`: dstk reads LOCAL_RANK from the environment. On
     the CPU accelerator `--num_gpus` is required: without it the launcher counts NUMA nodes and starts one
     rank. DeepSpeed refuses `--num_nodes/--num_gpus` together with `--include/--exclude` ("Cannot specify
     num_nodes/gpus with include/exclude", runner.py), so a resource filter replaces them.
     """
     if include and exclude:
         raise UserError("--include/--exclude: give one, not both")
-    multi = cluster.nodes > 1
+    multi = cluster.nodes > 1 or remote
     mpi = multi and cluster.launcher in MPI_LAUNCHERS
     argv: list[Word] = ["deepspeed"]
     if hostfile is not None:
@@ -231,6 +244,8 @@ def launcher_argv(
         if master_addr is None:
             raise UserError("master_addr: a multi-node launch needs the rank-0 host")
         argv += ["--master_addr", master_addr, "--launcher", cluster.launcher]
+        if cluster.nodes == 1:  # one remote node: DeepSpeed's runner would start it here, not over ssh
+            argv += ["--force_multi"]
         if cluster.ssh_port is not None and cluster.launcher == "pdsh":
             argv += ["--ssh_port", str(cluster.ssh_port)]
         # srun reaches the nodes; the runner's `ssh HOST hostname` check would fail where no sshd is
@@ -273,6 +288,7 @@ def deepspeed_command(
     include: str | None = None,
     exclude: str | None = None,
     cwd: str | None = None,
+    remote: bool = False,
 ) -> Launch:
     """The launcher command for a cluster whose hosts are known now (its `hostnames`, or localhost).
 
@@ -281,7 +297,8 @@ def deepspeed_command(
     launcher itself needs; the ranks of a multi-node job get `rank_env` through a `.deepspeed_env` file.
     """
     names = hosts(cluster)
-    master = check_hostname(cluster.master_addr or names[0], "master_addr") if cluster.nodes > 1 else None
+    multi = cluster.nodes > 1 or remote
+    master = check_hostname(cluster.master_addr or names[0], "master_addr") if multi else None
     argv = launcher_argv(
         cluster,
         program,
@@ -291,5 +308,6 @@ def deepspeed_command(
         include=include,
         exclude=exclude,
         cwd=cwd if cwd is not None else os.getcwd(),
+        remote=remote,
     )
     return Launch(argv=argv, env=network_env(cluster))

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -62,14 +63,20 @@ STOP_GRACE_S = 90.0
 launcher itself SIGKILLs ranks 30 s after it forwards SIGTERM to them)."""
 
 
-def run_job(argv: list[str], env: dict[str, str]) -> tuple[int, int]:
-    """(exit status, signal that stopped it or 0). The runner and its ranks run in their own process group;
-    SIGTERM or SIGINT to `dstk launch` goes to the whole group (the ranks save at the next step boundary, see
-    toolkit/run/stop.py), and whatever is left after STOP_GRACE_S is killed: no rank outlives the launch."""
+def run_job(
+    argv: list[str], env: dict[str, str], watch: Callable[[], str | None] | None = None
+) -> tuple[int, int, str | None]:
+    """(exit status, signal that stopped it or 0, the watchdog's report or None). The runner and its ranks
+    run in their own process group; SIGTERM or SIGINT to `dstk launch` goes to the whole group (the ranks save
+    at the next step boundary, see toolkit/run/stop.py), and whatever is left after STOP_GRACE_S is killed: no
+    rank outlives the launch. `watch` is asked once a second; when it reports (a hang, see
+    toolkit/launcher/heartbeat.py), the whole group is killed at once: a stopped or stuck rank answers no
+    signal but SIGKILL, and the others wait for it."""
 
     _become_subreaper()  # ranks orphaned by the runner's exit are reparented to us, and reaped below
     proc = subprocess.Popen(argv, env=env, start_new_session=True)
     received: list[tuple[int, float]] = []
+    report: str | None = None
 
     def forward(signum: int, frame: object) -> None:
         received.append((signum, time.time()))
@@ -86,6 +93,11 @@ def run_job(argv: list[str], env: dict[str, str]) -> tuple[int, int]:
                 if received and time.time() - received[0][1] > STOP_GRACE_S:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(proc.pid, signal.SIGKILL)
+                if watch is not None and report is None and not received:
+                    report = watch()
+                    if report is not None:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.killpg(proc.pid, signal.SIGKILL)
         # DeepSpeed's runner exits at once on SIGTERM; its launch.py and the ranks it parents are still saving
         while received and time.time() - received[0][1] < STOP_GRACE_S and _group_alive(proc.pid):
             _reap()
@@ -95,7 +107,7 @@ def run_job(argv: list[str], env: dict[str, str]) -> tuple[int, int]:
             signal.signal(sig, handler)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)  # a rank the runner left behind
-    return code, (received[0][0] if received else 0)
+    return code, (received[0][0] if received else 0), report
 
 
 def _become_subreaper() -> None:

@@ -199,37 +199,69 @@ class PersistJob:
     slow_s: float = 0.0
     """Test-only: wait this long before reading `files` (a pipelined save's gate must then hold the step)."""
     queued_at: float = field(default_factory=time.perf_counter)
+    step: int = 0
+    written: threading.Event = field(default_factory=threading.Event)
+    """Set once this rank's files are durable, or failed (`failure`)."""
+    failure: tuple[str, str] | None = None
+    """(path, reason) of a storage error (toolkit.run.save_errors): this rank's files, or rank 0's commit."""
+    abort: threading.Event = field(default_factory=threading.Event)
+    """Rank 0: another rank's files failed, so stop waiting for its marker (the ranks agreed on it)."""
+    writing: Path | None = None
+    bytes: int = 0
+    """What this rank's files hold (their tensors)."""
+    free: int | None = None
+    """Rank 0: free space in the checkpoint folder when the save began."""
 
     def run(self, stopping: threading.Event) -> None:
-        dirs = set()
-        try:
-            time.sleep(self.slow_s)
-            if self.stage is not None:
-                self.files = self.stage(self.files)
-                self._release()
-            for n, (path, obj) in enumerate(self.files):
-                path.parent.mkdir(parents=True, exist_ok=True)
-                durable_save(obj, path)
-                dirs.add(path.parent)
-                if self.die_inside and n == 0:
-                    import signal
+        from toolkit.run.save_errors import is_storage_error, reason
 
-                    os.kill(os.getpid(), signal.SIGKILL)
+        # a full disk: recorded, not raised (the ranks agree on it before the next save)
+        try:
+            if self.failure is None:  # else the save failed before its files reached the writer
+                self._write()
+        except Exception as exc:
+            if not is_storage_error(exc):
+                raise
+            self.failure, self.files = (str(self.writing), reason(exc, self.tag_dir)), []
+            return
         finally:
-            self._release()  # also on an error: training must not wait forever (the error is re-raised)
-        self.files = []
-        for d in dirs:
-            fsync_dir(d)
-        marker = self.tag_dir / MARKER.format(rank=self.rank)
-        marker.write_text(f"{time.time()}\n")
-        fsync_dir(self.tag_dir)
+            self._release()  # also on an error: training must not wait forever
+            self.written.set()
         if self.complete is None:
             return
         others = [self.tag_dir / MARKER.format(rank=r) for r in range(self.world)]
         while not all(m.exists() for m in others):
-            if stopping.wait(0.02):
+            if stopping.wait(0.02) or self.abort.is_set():
                 return
-        self.complete()
+        try:
+            self.complete()
+        except Exception as exc:
+            if not is_storage_error(exc):
+                raise
+            self.failure = (str(self.tag_dir / "dstk_manifest.json"), reason(exc, self.tag_dir))
+
+    def _write(self) -> None:
+        """This rank's files, durable, then its marker."""
+        dirs = set()
+        time.sleep(self.slow_s)
+        if self.stage is not None:
+            self.files = self.stage(self.files)
+            self._release()
+        for n, (path, obj) in enumerate(self.files):
+            self.writing = path
+            path.parent.mkdir(parents=True, exist_ok=True)
+            durable_save(obj, path)
+            dirs.add(path.parent)
+            if self.die_inside and n == 0:
+                import signal
+
+                os.kill(os.getpid(), signal.SIGKILL)
+        self.files = []
+        for d in dirs:
+            fsync_dir(d)
+        marker = self.writing = self.tag_dir / MARKER.format(rank=self.rank)
+        marker.write_text(f"{time.time()}\n")
+        fsync_dir(self.tag_dir)
 
     def _release(self) -> None:
         if self.released is not None:

@@ -21,6 +21,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from toolkit.run.save_errors import (
+    Guarded,
+    SaveError,
+    SaveFailed,
+    attempt,
+    free_bytes,
+    outcome,
+    save_checkpoint,
+    say,
+    state_bytes,
+)
+
 MANIFEST = "dstk_manifest.json"
 POINTER = "latest_complete"
 
@@ -180,13 +192,49 @@ class Checkpointer:
         """Test-only: SIGKILL this rank inside the persist of this step's checkpoint."""
         self.slow_s = 0.0
         """Test-only: each pipelined save's writer waits this long before it reads the live state."""
+        self.on_error = "stop"
+        """`--on-save-error`: after a save that could not be written, "stop" raises SaveFailed on every rank,
+        "continue" goes on (toolkit.run.save_errors)."""
+        self.errors: list[Any] = []
+        """Every save that could not be written (SaveError), agreed by all ranks."""
+        self._job: Any = None
+        """The asynchronous save handed to the writer and not yet judged (`wait`)."""
+        self._closing = False
 
-    def wait(self) -> None:
-        """Until every save handed to the writer is durable (and committed, on rank 0)."""
-        if self._persister is not None:
-            self._persister.wait()
+    def wait(self, stop: bool = True) -> None:
+        """Until every save handed to the writer is durable (and committed, on rank 0), and the ranks agree
+        whether it was (collective: every rank calls it at the same point)."""
+        job, self._job = self._job, None
+        if job is None:
+            return
+        job.written.wait()  # this rank's files are durable, or failed
+        failure, needed = outcome(job.failure, job.bytes)
+        if failure is not None and self.rank == 0:
+            job.abort.set()  # a marker that will never come
+        self._persister.wait()
+        if failure is None:
+            failure, _ = outcome(job.failure, 0)  # rank 0's manifest
+        if failure is not None:
+            self._judge(job.step, failure, needed, job.free, job.tag_dir, stop)
+
+    def _judge(
+        self, step: int, failure: Any, needed: int, free: int | None, tag_dir: Path, stop: bool
+    ) -> None:
+        """A save every rank agrees could not be written: recorded, said in one line (rank 0), its partial
+        files removed (they would hold the space the next save needs), SaveFailed under `stop` (the policy)."""
+        error = SaveError(step, *failure, needed, free, "snapshot" if self.pipelined else "checkpoint")
+        self.errors.append(error)
+        if self.rank == 0:
+            shutil.rmtree(tag_dir, ignore_errors=True)
+            newest = complete_tags(self.dir, verify_hashes=False)
+            policy = "end" if self._closing else self.on_error
+            print(say(error, str(self.dir / newest[0]) if newest else None, policy), flush=True)
+        if stop and self.on_error == "stop":
+            raise SaveFailed(f"step {step}: {failure[1]}")
 
     def close(self) -> None:
+        self._closing = True
+        self.wait(stop=False)  # the last save's outcome is recorded; the run is over either way
         if self._persister is not None:
             self._persister.close()
             self.persisted_s += self._persister.persist_s
@@ -237,14 +285,19 @@ class Checkpointer:
         import torch.distributed as dist
 
         start = time.perf_counter()
-        if self._persister is not None and self._persister.busy:
-            waited = self._persister.wait()  # at most one save in flight
-            self.waits.append(waited)
-            self.log(f"checkpoint step {step}: waited {waited:.2f} s for the previous save to persist")
+        if self._job is not None:
+            busy = self._persister.busy
+            self.wait()  # at most one save in flight; the previous one judged before this one starts
+            if busy:
+                self.waits.append(time.perf_counter() - start)
+                self.log(
+                    f"checkpoint step {step}: waited {self.waits[-1]:.2f} s for the previous save to persist"
+                )
         tag = tag_for(step)
         tag_dir = self.dir / tag
         if self.rank == 0 and tag_dir.exists():
             shutil.rmtree(tag_dir)  # a leftover from a crashed attempt at this very step
+        free = free_bytes(self.dir) if self.rank == 0 else None
         dist.barrier()
         client_state = {"dstk": {"step": step, "position": position, **extra}}
         info = {"tag": tag, "step": step, "position": position, "world_size": dist.get_world_size(), **extra}
@@ -252,20 +305,27 @@ class Checkpointer:
             if fault_after_first_shard:  # test-only: the asynchronous save dies inside its persist instead
                 self.die_persisting_at = step
             self._save_async(engine, tag_dir, client_state, rank_state, info)
+            self._job.free = free
             self.stalls.append(time.perf_counter() - start)
             return tag_dir
-        engine.save_checkpoint(str(self.dir), tag=tag, client_state=client_state, save_latest=False)
+        guarded = Guarded(engine.checkpoint_engine)  # every file's write fails without raising
+        escaped = save_checkpoint(engine, self.dir, tag, client_state, guarded)
         if fault_after_first_shard:  # test-only: die as if the node failed mid-save
             os._exit(17)
         rank_file = tag_dir / f"dstk_rank{self.rank}.pt"
         tmp = rank_file.with_name(f".{rank_file.name}.tmp")
-        torch.save(rank_state, tmp)
-        tmp.replace(rank_file)
-        dist.barrier()
-        if self.rank == 0:
-            self._commit(tag_dir, info)
-        dist.barrier()
+        mine = (guarded.failure or escaped) or attempt(
+            lambda: (torch.save(rank_state, tmp), tmp.replace(rank_file)), rank_file
+        )  # not into a folder that may not exist
+        failure, needed = outcome(mine, guarded.bytes + state_bytes(rank_state))
+        if failure is None:  # the manifest last, once every rank's files are written
+            committed = (
+                attempt(lambda: self._commit(tag_dir, info), tag_dir / MANIFEST) if self.rank == 0 else None
+            )
+            failure, _ = outcome(committed, 0)
         self.stalls.append(time.perf_counter() - start)
+        if failure is not None:
+            self._judge(step, failure, needed, free, tag_dir, stop=True)
         return tag_dir
 
     def _save_async(
@@ -296,13 +356,8 @@ class Checkpointer:
         self.pipelined_saves += pipelined
         self._engine.pipelined = pipelined
         self._engine.pool.start()
-        original, engine.checkpoint_engine = engine.checkpoint_engine, self._engine
-        try:  # DeepSpeed writes through engine.checkpoint_engine: this save only, into host memory
-            engine.save_checkpoint(
-                str(self.dir), tag=tag_dir.name, client_state=client_state, save_latest=False
-            )
-        finally:
-            engine.checkpoint_engine = original
+        # DeepSpeed writes through engine.checkpoint_engine: this save only, into host memory
+        failed = save_checkpoint(engine, self.dir, tag_dir.name, client_state, self._engine)
         files = self._engine.take()
         own = hold(rank_state) if pipelined else snapshot(rank_state, self._engine.pool)
         files.append((tag_dir / f"dstk_rank{self.rank}.pt", own))
@@ -321,14 +376,18 @@ class Checkpointer:
             released=self._released,
             slow_s=self.slow_s if pipelined else 0.0,
             stage=stage,
+            step=info["step"],
+            failure=failed,  # known now: the job writes nothing, the ranks agree on it before the next save
         )
+        job.bytes = sum(state_bytes(obj) for _, obj in files)
         self._handed = time.perf_counter()  # before the writer can start: `held` never undercounts
         self._persister.submit(job)
+        self._job = job
 
     def load(self, engine: Any, tag: str, load_optimizer_states: bool = True) -> Resume:
         import torch
 
-        self.wait()  # a rollback may return to a checkpoint still persisting
+        self.wait(stop=False)  # a rollback may return to a checkpoint still persisting
 
         path, client_state = engine.load_checkpoint(
             str(self.dir), tag=tag, load_optimizer_states=load_optimizer_states, load_lr_scheduler_states=True

@@ -12,22 +12,25 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from toolkit.data.dynamic import Batching, resolve, scheduled_lrs, set_lrs
-from toolkit.data.loader import DynamicLoader, Step, TrainLoader, load_split
+from toolkit.data.dynamic import Batching, resolve
+from toolkit.data.loader import DynamicLoader, TrainLoader, load_split
 from toolkit.errors import UserError
 from toolkit.plan.layout import Layout, data_parallel_size
 from toolkit.plan.specs import ModelSpec
 from toolkit.run.comms_log import CommsTally
 from toolkit.run.engine_state import held_bytes
 from toolkit.run.evaluate import evaluate
-from toolkit.run.loop_state import LEAN_STEPS, LoopOptions, Record, gather
-from toolkit.run.metrics import Logger, Meter, current_rss_bytes, peak_memory_bytes
+from toolkit.run.heartbeat import NO_BEAT
+from toolkit.run.loop_state import LEAN_STEPS, LoopOptions, Record, begin_step, gather
+from toolkit.run.metrics import LeanPeak, Logger, Meter, current_rss_bytes, peak_memory_bytes
 from toolkit.run.preflight import data_fingerprint
 from toolkit.run.rollback import roll_back
-from toolkit.run.runtime import Runtime, allow_heap_reuse, rng_state, set_rng_state
+from toolkit.run.runtime import Runtime, rng_state, set_rng_state
+from toolkit.run.save_errors import SaveFailed
 from toolkit.run.stability import (
     CLEAR,
     Fault,
@@ -40,6 +43,7 @@ from toolkit.run.stability import (
     unclipped,
 )
 from toolkit.run.step_sync import ScheduledCollection, StepChannel, StepRecord, to_device
+from toolkit.run.stragglers import StragglerWatch
 from toolkit.run.tiers import Tiers
 
 
@@ -62,6 +66,8 @@ class Trainer:
         """toolkit.run.stop.StopRequest when the process listens for SIGTERM/SIGINT (session installs it)."""
         self.stopped_by = 0
         """The signal that stopped the run at a step boundary (0: it ran to the end)."""
+        self.save_failed = False
+        """A checkpoint could not be written and `--on-save-error stop` ended the run there."""
         self._states_measured = False
         self.sp: Any = None
         """toolkit.parallel.ulysses.SequenceParallel with --sp > 1 (session sets it): sliced batches, its loss."""
@@ -121,14 +127,20 @@ class Trainer:
         self.channel = StepChannel(rt)
         """Each step's loss, gradient norm, stop request and time, read back one step behind
         (toolkit.run.step_sync)."""
+        self.channel.forward_is_local = (
+            layout.zero_stage < 3 and layout.tp * layout.sp * layout.ep * layout.pp == 1
+        )
+        self.stragglers = StragglerWatch(opts.straggler_ratio)
+        """Which rank the others wait for, judged at log steps (toolkit.run.stragglers)."""
+        self.beat: Any = NO_BEAT
+        """This rank's heartbeat (toolkit.run.heartbeat; session starts it): the phase the loop is in."""
+        self.faults = tuple(f for f in opts.faults if f.rank in (None, rt.rank))
         self.last: StepRecord | None = None
         """The newest record read."""
         self.comms = CommsTally()
         """DeepSpeed's comms logger drained every step, when the config asks for it (toolkit.run.comms_log)."""
-        self._steps_here = 0
-        """Optimizer steps this process has run (resumed runs start counting again)."""
-        self._lean_peak: int | None = None
-        """Peak memory of this rank over set-up and the first LEAN_STEPS steps (see `_after_step`)."""
+        self.lean = LeanPeak(rt.accelerator)
+        """Peak memory over set-up and the first LEAN_STEPS steps, then heap reuse (toolkit.run.metrics)."""
 
     def resume(self, tag: str) -> None:
         client_state = self._load(tag)
@@ -180,17 +192,20 @@ class Trainer:
     def _micro_step(self, batch: Any, measure: bool, aux: list[Any], fault: Fault | None = None) -> Any:
         """One micro-batch; its loss to log stays on the device (toolkit.run.step_sync)."""
         engine = self.engine
+        self.beat.enter("forward")
         if self.sp is None:
             out = engine(input_ids=self.on_device(batch.input_ids), labels=self.on_device(batch.labels))
             loss = logged = out.loss
         else:
             loss, logged = self.sp.loss(batch)  # this rank's share to back-propagate, the batch's mean
+        self.channel.forward_done()
         if self.aux_loss is not None:
             router = self.aux_loss.pop()
             aux.append(router.detach())
             loss = loss + router
         if fault is not None and fault.kind != "slow":
             loss = corrupt(loss, fault)
+        self.beat.enter("backward")
         engine.backward(loss)
         boundary = engine.is_gradient_accumulation_boundary()
         if measure:
@@ -204,6 +219,7 @@ class Trainer:
         if boundary and self._own_grad_norm:
             self._grad_norm = local_grad_norm(engine)  # before step() clips and zeroes the gradients
         spike = fault is not None and fault.kind == "spike" and boundary
+        self.beat.enter("optimizer")
         with unclipped(engine) if spike else contextlib.nullcontext():
             engine.step()
         logged = logged.detach().float()
@@ -228,6 +244,7 @@ class Trainer:
     def save(self, tier: str = "disk") -> None:
         if self.ckpt is None:
             return
+        self.beat.enter("save")
         self.read(self.step)  # the checkpoint holds every loss up to here
         fault = self.opts.fault_after_first_shard_at == self.step
         extra: dict[str, Any] = {
@@ -239,7 +256,11 @@ class Trainer:
         }
         if self.guard is not None:
             extra["guard"] = self.guard.state()
-        self.ckpt.save(self.engine, self.step, self.position, extra, self._rank_state(), fault, tier)
+        try:
+            self.ckpt.save(self.engine, self.step, self.position, extra, self._rank_state(), fault, tier)
+        except SaveFailed:
+            self.save_failed = True  # on every rank alike (toolkit.run.save_errors)
+            raise
         self.saved_steps.append(self.step)
         self._rolled_back_to = None
 
@@ -251,7 +272,7 @@ class Trainer:
         first = not self._states_measured and (self.step >= 1 or self.opts.steps == 1)
         self._states_measured = self._states_measured or first
         gb = self.layout.global_batch_size
-        fault = next((f for f in self.opts.faults if f.fires(self.step + 1, self.position, gb)), None)
+        fault = next((f for f in self.faults if f.fires(self.step + 1, self.position, gb)), None)
         if fault is not None and fault.kind == "slow":
             time.sleep(0.5)
         aux: list[Any] = []
@@ -264,13 +285,14 @@ class Trainer:
             losses = [self._micro_step(b, measure=first, aux=aux, fault=fault) for b in batches]
         if first:
             self.record.model_states["after_step"] = gather(held_bytes(self.engine)["model_states"])
-        self._after_step()
+        self.lean.after_step()
         if self.guard is not None:
             self.guard.apply_lr(self.engine)  # the scheduler has just set the next step's rate
         norm = engine_grad_norm(self.engine)
         norm = self._grad_norm if norm is None else norm
         # the stop request rides on the all-reduce every step does anyway: all ranks stop after the same step
         asked = self.stop.signum if self.stop is not None else 0
+        self.beat.enter("record")
         self.channel.end(self.step + 1, sum(losses) / len(losses), norm, asked, aux)
         self.comms.drain()
 
@@ -281,6 +303,7 @@ class Trainer:
             self.record.losses.append(rec.loss)
             self.record.aux_losses.extend(rec.aux)
             self.meter.add(rec.seconds, rec.period)
+            self.stragglers.add(rec.step, rec.period, rec.alone)
             if rec.stop and not self.stopped_by:
                 # SIGTERM's convention when another rank got it first
                 self.stopped_by = (self.stop.signum if self.stop is not None else 0) or 15
@@ -298,6 +321,7 @@ class Trainer:
         return self.guard is not None or save_due or snapshot or last or step % self.opts.log_every == 0
 
     def run(self, logger: Logger) -> None:
+        self.start_position = self.position
         if self.guard is not None and self.step not in self.saved_steps:
             self.save()  # something to roll back to before the first periodic checkpoint
         loader = self._loader()
@@ -307,7 +331,8 @@ class Trainer:
         try:
             while self.step < self.opts.steps:
                 collector.step(self.step)
-                self._train_step(self._begin_step(next(steps)))
+                self.beat.enter("data", self.step + 1)
+                self._train_step(begin_step(self, next(steps)))
                 self.step += 1
                 self.position = loader.position
                 save_due = save_due or bool(self.opts.save_every and self.step % self.opts.save_every == 0)
@@ -334,6 +359,7 @@ class Trainer:
                     and self.eval_data is not None
                     and self.step % self.opts.eval_every == 0
                 ):
+                    self.beat.enter("eval")
                     result = self.evaluate()
                     self.record.evals.append({"step": self.step, **result})
                     logger.log(self.step, result, prefix="eval")
@@ -354,33 +380,12 @@ class Trainer:
                         self.save()
                     break
                 crash_if_asked(self.opts, self.step, self.resumed, self.rt.rank)
-            self.read(self.step)  # every step's record, before the run is summarized or saved
+        except SaveFailed:
+            pass  # --on-save-error stop: every rank ends here, the newest complete checkpoint intact
         finally:
             steps.close()
             collector.close()
-
-    def _begin_step(self, item: list[Any] | Step) -> list[Any]:
-        """The micro-batches of the next step. A dynamic step also sets the step's learning rate — the
-        schedule's rate × the batch's factor (toolkit.data.dynamic.lr_factor) × the spike guard's scale, on
-        every rank alike (the plan is global) — and the tokens the throughput figures count."""
-        if not isinstance(item, Step):
-            return item
-        assert self.batching is not None
-        plan = item.plan
-        factor = self.batching.lr_factor(plan.tokens)
-        guard = self.guard.lr_scale if self.guard is not None else 1.0
-        lrs = scheduled_lrs(self.engine.lr_scheduler, self._initial_lrs)
-        rates = set_lrs(self.engine.optimizer.param_groups, lrs, factor * guard)
-        self.meter.tokens_per_step = plan.tokens
-        self._step_values = {
-            "lr": rates[0],
-            "lr_factor": factor,
-            "tokens": plan.tokens,
-            "sequences": plan.rows,
-            "seq_length": plan.length,
-            "padding_fraction": plan.padding_fraction,
-        }
-        return item.micro_batches
+        self.read(self.step)  # every step's record, before the run is summarized or saved
 
     def _log(self, logger: Logger, rec: StepRecord) -> None:
         values = {
@@ -393,26 +398,14 @@ class Trainer:
         if rec.grad_norm is not None:
             values["grad_norm"] = rec.grad_norm
         logger.log(self.step, values)
-
-    def _after_step(self) -> None:
-        """After this process's first LEAN_STEPS steps: note the peak memory, then let glibc reuse freed heap.
-
-        Until then the process runs with the 128 KiB mmap threshold `keep_large_blocks_in_mmap` set, so on
-        the CPU accelerator every large tensor is its own mapping and RSS is what is alive — the analogue of
-        CUDA's `max_memory_allocated`, which is what the cost model predicts. Afterwards `allow_heap_reuse`
-        keeps freed buffers in the heap: 22 % faster steps on CPU (63M GPT-2: 3.50 → 2.73 s), but RSS then
-        also holds free heap the allocator keeps (0.5–1.1 GiB above the prediction at ZeRO-1/2/3 on that
-        model when the switch came first), as CUDA's caching allocator holds reserved memory. `summary.json` reports both."""
-        self._steps_here += 1
-        if self._steps_here == LEAN_STEPS:
-            if self.rt.accelerator == "cpu":
-                self._lean_peak = peak_memory_bytes(self.rt.accelerator)
-            allow_heap_reuse()
+        for s in self.stragglers.check(self.step, self.rt):  # one small all-gather, at log steps only
+            logger.message(self.stragglers.message(s))
+            logger.event({"event": "straggler", "step": self.step, **asdict(s)})
 
     def peak_memory(self) -> list[int]:
         """Per rank: on an accelerator the whole run's peak allocation and the memory outside torch's pool; on
         CPU the peak RSS up to the allocator switch."""
-        return gather(self._lean_peak or peak_memory_bytes(self.rt.accelerator))
+        return gather(self.lean.peak())
 
     def peak_rss(self) -> list[int] | None:
         """Per rank on CPU: peak RSS over the whole run, free heap the allocator kept included."""

@@ -11,6 +11,7 @@ from toolkit.data.dynamic import DynamicOptions
 from toolkit.plan.specs import ClusterSpec, ModelSpec
 from toolkit.run.runtime import Runtime
 from toolkit.run.stability import Fault, GuardOptions
+from toolkit.run.stragglers import RATIO
 
 
 @dataclass
@@ -44,6 +45,12 @@ class LoopOptions:
     """The spike guard; it rolls back to checkpoints, so it needs a Checkpointer."""
     faults: tuple[Fault, ...] = ()
     """Test-only: faults to inject (see toolkit.run.stability.Fault)."""
+    straggler_ratio: float = RATIO
+    """A rank working this many times as long as the others' median, persistently, is named
+    (toolkit.run.stragglers)."""
+    on_save_error: str = "stop"
+    """A checkpoint that cannot be written (full disk, permissions): "stop" the run cleanly at that save, or
+    "continue" training and try again at the next (toolkit.run.save_errors)."""
     new_data: bool = False
     """A resume onto other data than the checkpoint's (--new-data): the data position starts at its first row."""
     batching: DynamicOptions | None = None
@@ -78,6 +85,33 @@ def means_over_ranks(values: list[Any], rt: Runtime) -> list[float]:
 
 def mean_over_ranks(value: Any, rt: Runtime) -> float:
     return means_over_ranks([value], rt)[0]
+
+
+def begin_step(trainer: Any, item: Any) -> list[Any]:
+    """The micro-batches of a Trainer's next step (toolkit.run.loop). A dynamic step also sets the step's
+    learning rate — the schedule's rate × the batch's factor (toolkit.data.dynamic.lr_factor) × the spike
+    guard's scale, on every rank alike (the plan is global) — and the tokens the throughput figures count."""
+    from toolkit.data.dynamic import scheduled_lrs, set_lrs
+    from toolkit.data.loader import Step
+
+    if not isinstance(item, Step):
+        return item
+    assert trainer.batching is not None
+    plan = item.plan
+    factor = trainer.batching.lr_factor(plan.tokens)
+    guard = trainer.guard.lr_scale if trainer.guard is not None else 1.0
+    lrs = scheduled_lrs(trainer.engine.lr_scheduler, trainer._initial_lrs)
+    rates = set_lrs(trainer.engine.optimizer.param_groups, lrs, factor * guard)
+    trainer.meter.tokens_per_step = plan.tokens
+    trainer._step_values = {
+        "lr": rates[0],
+        "lr_factor": factor,
+        "tokens": plan.tokens,
+        "sequences": plan.rows,
+        "seq_length": plan.length,
+        "padding_fraction": plan.padding_fraction,
+    }
+    return item.micro_batches
 
 
 LEAN_STEPS = 2

@@ -78,6 +78,40 @@ def current_rss_bytes() -> int:
     return 0
 
 
+class LeanPeak:
+    """After this process's first LEAN_STEPS steps: note the peak memory, then let glibc reuse freed heap.
+
+    Until then the process runs with the 128 KiB mmap threshold `keep_large_blocks_in_mmap` set, so on
+    the CPU accelerator every large tensor is its own mapping and RSS is what is alive — the analogue of
+    CUDA's `max_memory_allocated`, which is what the cost model predicts. Afterwards `allow_heap_reuse`
+    keeps freed buffers in the heap: 22 % faster steps on CPU (63M GPT-2: 3.50 → 2.73 s), but RSS then
+    also holds free heap the allocator keeps (0.5–1.1 GiB above the prediction at ZeRO-1/2/3 on that
+    model when the switch came first), as CUDA's caching allocator holds reserved memory. `summary.json`
+    reports both."""
+
+    def __init__(self, accelerator: str) -> None:
+        self.accelerator = accelerator
+        self.steps = 0
+        """Optimizer steps this process has run (resumed runs start counting again)."""
+        self.lean: int | None = None
+        """Peak memory of this rank over set-up and the first LEAN_STEPS steps."""
+
+    def after_step(self) -> None:
+        from toolkit.run.loop_state import LEAN_STEPS
+        from toolkit.run.runtime import allow_heap_reuse
+
+        self.steps += 1
+        if self.steps == LEAN_STEPS:
+            if self.accelerator == "cpu":
+                self.lean = peak_memory_bytes(self.accelerator)
+            allow_heap_reuse()
+
+    def peak(self) -> int:
+        """On an accelerator the whole run's peak allocation and the memory outside torch's pool; on CPU the
+        peak RSS up to the allocator switch."""
+        return self.lean or peak_memory_bytes(self.accelerator)
+
+
 @dataclass
 class Meter:
     """Per-step times and the derived figures; the first `warmup` steps (JIT, allocator) are excluded.

@@ -130,6 +130,7 @@ def data_fingerprint(data_dir: Path | None) -> dict[str, Any] | None:
 
 def check_data(model: Any, data: Path) -> dict[str, Any]:
     """A prepared dataset that this model can train on: its manifest, or one line saying what is wrong."""
+    from toolkit.data.integrity import check_files
     from toolkit.data.prepare import MANIFEST
     from toolkit.paths import input_dir
 
@@ -154,6 +155,8 @@ def check_data(model: Any, data: Path) -> dict[str, Any]:
             f"--data: sequences of {manifest['seq_length']} exceed max_position_embeddings "
             f"{model.max_position_embeddings}; prepare the data with --seq-length {model.max_position_embeddings}"
         )
+    # every shard whole, the tokenizer the one it was tokenized with (toolkit.data.integrity)
+    check_files(data, manifest)
     return manifest
 
 
@@ -195,6 +198,10 @@ def prepare_run(args: Any, world: int, cluster: Any = None) -> tuple[Any, list[s
     for flag in ("save_every", "keep_last", "eval_every", "eval_rows", "log_every"):
         if (getattr(args, flag) or 0) < 0:
             raise UserError(f"--{flag.replace('_', '-')}: must not be negative")
+    if not args.straggler_ratio > 1:
+        raise UserError(
+            f"--straggler-ratio: must be above 1 (a rank as fast as the others), got {args.straggler_ratio:g}"
+        )
     if args.checkpoint_dir is None:
         for flag, given in (("--save-every", args.save_every), ("--resume", args.resume != "never")):
             if given:
@@ -256,6 +263,8 @@ def prepare_run(args: Any, world: int, cluster: Any = None) -> tuple[Any, list[s
         snapshot_every=snapshot_every,
         guard=guard_options(args),
         faults=tuple(Fault.parse(f) for f in args.inject_fault or ()),
+        straggler_ratio=args.straggler_ratio,
+        on_save_error=args.on_save_error,
         batching=batching_options(args, config),
         new_data=args.new_data,
     )

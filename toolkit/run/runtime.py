@@ -108,7 +108,7 @@ def keep_large_blocks_in_mmap() -> None:
 
 
 def allow_heap_reuse() -> None:
-    """Once the engine is built and peak memory measured (`Trainer._after_step`): the mmap threshold at 32 MiB (glibc's ceiling for its dynamic threshold)
+    """Once the engine is built and peak memory measured (`metrics.LeanPeak`): the mmap threshold at 32 MiB (glibc's ceiling for its dynamic threshold)
     and the trim threshold at twice that (as glibc's dynamic rule sets it), so per-step activation buffers
     are reused from the heap instead of being mapped, faulted in and zeroed again at every allocation.
     Measured on the 63M GPT-2 of benchmarks/zero_stages.py, one CPU rank: 3.50 s per step with the

@@ -150,6 +150,7 @@ def _tiers(run: TrainRun, rank: int) -> Any:
 
     tiers = Tiers(run.checkpoint_dir, rank, run.keep_last, run.loop.async_save, run.loop.snapshot_every)
     tiers.memory.slow_s = run.loop.slow_snapshot_s
+    tiers.on_save_error(run.loop.on_save_error)
     return tiers
 
 
@@ -170,6 +171,7 @@ def _resume_tag(ckpt: Any, run: TrainRun) -> str | None:
 
 
 def main(run: TrainRun) -> dict[str, Any]:
+    import contextlib
     import warnings
 
     import deepspeed
@@ -182,6 +184,7 @@ def main(run: TrainRun) -> dict[str, Any]:
     from toolkit.run.models import build_model
     from toolkit.run.preflight import check_data
     from toolkit.run.runtime import init_distributed, seed_everything, shutdown
+    from toolkit.run.save_errors import SaveFailed
     from toolkit.run.summary import summarize
     from toolkit.run.universal import is_universal
 
@@ -190,6 +193,9 @@ def main(run: TrainRun) -> dict[str, Any]:
         "ignore", message=".*all_gather_into_tensor.* is deprecated", category=FutureWarning
     )
     rt = init_distributed()
+    from toolkit.run.heartbeat import Heartbeat
+
+    beat = Heartbeat.start(run.run_dir, rt)  # what the launcher watches for a hang (launcher/heartbeat.py)
     if rt.nodes > 1:  # where each rank landed: the first thing to know when a multi-node launch goes wrong
         print(f"rank {rt.rank} of {rt.world_size} on {rt.host} (node {rt.node} of {rt.nodes})", flush=True)
     try:
@@ -253,12 +259,14 @@ def main(run: TrainRun) -> dict[str, Any]:
         peak = run.cluster.peak_flops(layout.precision) if run.cluster else None
         trainer = Trainer(engine, run.model, layout, rt, data, run.run_dir, ckpt, run.loop, peak, aux)
         trainer.compressed_optimizer = client_optimizer
+        trainer.beat = beat
         if mpu is not None:
             trainer.sp = ulysses.SequenceParallel(engine, layout)
         from toolkit.run.stop import StopRequest
 
         trainer.stop = StopRequest.install()
         if tag is not None:
+            beat.enter("load")
             trainer.resume(tag)
             if rt.is_main:
                 print(f"resumed from {ckpt.describe(tag)} at step {trainer.step}", flush=True)
@@ -276,6 +284,7 @@ def main(run: TrainRun) -> dict[str, Any]:
                 trainer.run(logger)
             finally:
                 logger.close()
+            beat.enter("end")
             if run.lora:
                 from toolkit.run.lora import save_adapters
 
@@ -284,13 +293,16 @@ def main(run: TrainRun) -> dict[str, Any]:
                     "frozen_max_abs_change": _max_change(frozen, engine.module, trainable=False),
                     "adapter_max_abs_change": _max_change(adapters, engine.module, trainable=True),
                 }
-            if ckpt is not None and not ckpt.on_disk(trainer.step):
-                trainer.save()  # the final state, unless a checkpoint already holds it
+            if ckpt is not None and not ckpt.on_disk(trainer.step) and not trainer.save_failed:
+                with contextlib.suppress(SaveFailed):  # said in one line; the summary records it
+                    trainer.save()  # the final state, unless a checkpoint already holds it
         if ckpt is not None:
-            ckpt.close(finished=not run.loop.eval_only)  # every save durable before the summary says so
+            # every save durable before the summary says so
+            ckpt.close(finished=not run.loop.eval_only and not trainer.save_failed)
         summary = summarize(trainer, run, layout)
     except BaseException:
         shutdown(clean=False)
         raise
     shutdown()
+    beat.close()
     return summary

@@ -176,7 +176,7 @@ class SpikeDetector:
 
 @dataclass(frozen=True)
 class Fault:
-    """A fault the tests inject (`--inject-fault STEP[+]:nan|spike|slow`).
+    """A fault the tests inject (`--inject-fault STEP[+]:nan|spike|slow[@RANK]`).
 
     `slow` sleeps half a second before each step it fires on and changes nothing else: a run a test can
     signal mid-step and still compare, loss for loss, with one that was never slowed.
@@ -199,15 +199,26 @@ class Fault:
     step: int
     kind: Literal["nan", "spike", "slow"]
     persistent: bool = False
+    rank: int | None = None
+    """`slow@RANK`: only that rank sleeps (a straggler, toolkit.run.stragglers); None: every rank."""
 
     @classmethod
     def parse(cls, text: str) -> Fault:
         step, _, kind = text.partition(":")
+        kind, at, rank = kind.partition("@")
         persistent = step.endswith("+")
         step = step.removesuffix("+")
-        if kind not in ("nan", "spike", "slow") or not step.isdigit() or int(step) < 1:
-            raise UserError(f"--inject-fault: expected STEP[+]:nan|spike|slow with STEP >= 1, got {text!r}")
-        return cls(int(step), kind, persistent)  # type: ignore[arg-type]
+        if (
+            kind not in ("nan", "spike", "slow")
+            or not step.isdigit()
+            or int(step) < 1
+            or (at and (kind != "slow" or not rank.isdigit()))
+        ):
+            raise UserError(
+                f"--inject-fault: expected STEP[+]:nan|spike|slow[@RANK] with STEP >= 1 (@RANK with slow only), "
+                f"got {text!r}"
+            )
+        return cls(int(step), kind, persistent, int(rank) if at else None)  # type: ignore[arg-type]
 
     def fires(self, step: int, start_row: int, global_batch: int) -> bool:
         """Whether it hits the step numbered `step` that starts at data row `start_row`."""

@@ -50,6 +50,12 @@ class StepRecord:
     period: float | None
     """Device time since the previous step's end: the step and whatever the loop did around it (data, logging).
     None for the first step of this process and after a rollback."""
+    alone: float | None = None
+    """Device time from the previous step's end to this rank's first collective of the step — the end of its
+    first forward where the forward holds no collective (`StepChannel.forward_is_local`), else the step's
+    start: the work this rank does on its own (data, host work, the forward). Ranks leave a step together, so
+    a slow rank takes longer over this while the others wait for it at that collective, where their own time
+    does not show it (toolkit.run.stragglers). None where `period` is."""
 
 
 def to_device(tensor: Any, device: Any) -> Any:
@@ -108,6 +114,7 @@ class _Pending:
     start: Any
     stop: Any
     previous_stop: Any
+    alone: Any
 
 
 class StepChannel:
@@ -128,11 +135,21 @@ class StepChannel:
         )
         self._pending: deque[_Pending] = deque()
         self._start: Any = None
+        self._alone: Any = None
         self._last_stop: Any = None
+        self.forward_is_local = False
+        """The forward runs no collective (no ZeRO-3 gathers, tensor, sequence or expert parallelism, no
+        pipeline): the end of the first forward marks a rank's own work (`StepRecord.alone`)."""
 
     def begin(self) -> None:
         """The step's first micro-batch is about to be queued."""
         self._start = self.clock.mark()
+        self._alone = None if self.forward_is_local else self._start
+
+    def forward_done(self) -> None:
+        """A micro-batch's forward is queued: the first one of the step ends the rank's own work."""
+        if self._alone is None:
+            self._alone = self.clock.mark()
 
     def end(self, step: int, loss: Any, grad_norm: Any, stop: int, aux: list[Any]) -> None:
         """The step's work is queued: reduce its record on the device and start copying it to the host.
@@ -162,7 +179,9 @@ class StepChannel:
         host.copy_(record, non_blocking=True)
         ready = self.clock.mark() if self.clock.event is not None else None
         self._pending.append(
-            _Pending(step, host, ready, len(aux), has_norm, self._start, stop_mark, self._last_stop)
+            _Pending(
+                step, host, ready, len(aux), has_norm, self._start, stop_mark, self._last_stop, self._alone
+            )
         )
         self._last_stop = stop_mark
 
@@ -207,6 +226,9 @@ class StepChannel:
                     aux=tuple(values[3 : 3 + p.n_aux]),
                     seconds=self.clock.seconds(p.start, p.stop),
                     period=None if p.previous_stop is None else self.clock.seconds(p.previous_stop, p.stop),
+                    alone=None
+                    if p.previous_stop is None or p.alone is None
+                    else self.clock.seconds(p.previous_stop, p.alone),
                 )
             )
         return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from toolkit.plan.layout import Layout
@@ -38,6 +39,10 @@ def summarize(trainer: Any, run: Any, layout: Layout) -> dict[str, Any]:
         "comms_logger": trainer.comms.summary(),
         "model_state_bytes": trainer.record.model_states,
         "checkpoint_dir": str(run.checkpoint_dir) if run.checkpoint_dir else None,
+        "data_start_position": getattr(trainer, "start_position", trainer.position),
+        "stragglers": trainer.stragglers.report(),
+        "save_errors": [asdict(e) for e in trainer.ckpt.errors] if trainer.ckpt is not None else [],
+        "stopped_by_save_error": trainer.save_failed,
     }
     if trainer.ckpt is not None:
         summary["checkpoints"] = trainer.ckpt.report()

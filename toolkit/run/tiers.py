@@ -120,6 +120,15 @@ class Tiers:
         self.disk.wait()
         self.memory.wait()
 
+    def on_save_error(self, policy: str) -> None:
+        """`--on-save-error` for both tiers (toolkit.run.save_errors)."""
+        self.disk.on_error = self.memory.on_error = policy
+
+    @property
+    def errors(self) -> list[Any]:
+        """Every save of either tier that could not be written, in step order."""
+        return sorted(self.disk.errors + self.memory.errors, key=lambda e: e.step)
+
     def report(self) -> dict[str, Any]:
         """What the saves cost this rank: seconds each held training (stall), waited for the previous save
         to persist, and took to become durable in the background; how many were pipelined and how long each
@@ -148,7 +157,7 @@ class Tiers:
 
         self.disk.close()
         self.memory.close()
-        if finished:
+        if finished and not self.disk.errors:  # a save that failed: the snapshots may be the newest state
             dist.barrier()  # every rank's snapshot writes are over
             if self.rank == 0:
                 shutil.rmtree(self.memory.dir, ignore_errors=True)

@@ -66,6 +66,35 @@ def convert(ckpt_dir: Path, out: Path, tag: str | None = None) -> Path:
     return dest
 
 
+UNIVERSAL_SUFFIX = "-universal"
+
+
+def convert_beside(ckpt_dir: Path, tag: str) -> str:
+    """Convert checkpoint `tag` into the same folder as `TAG-universal`, and return that tag (or `tag` itself
+    when it already loads at any world size: converted, or ZeRO-0). The new name sorts after the original and
+    before the next step, so `--resume auto` takes it, and the original stays as it was (`dstk launch
+    --elastic`, toolkit/run/elastic.py)."""
+    manifest = json.loads((ckpt_dir / tag / MANIFEST).read_text())
+    if (
+        manifest.get("universal")
+        or manifest.get("portable")
+        or not any((ckpt_dir / tag).glob("*optim_states.pt"))
+    ):
+        return tag
+    new = f"{tag}{UNIVERSAL_SUFFIX}"
+    if (ckpt_dir / new).is_dir() and check(ckpt_dir / new, verify_hashes=False) is None:
+        return new  # an earlier restart converted it
+    scratch = ckpt_dir / f".{new}.out"
+    shutil.rmtree(scratch, ignore_errors=True)
+    try:
+        convert(ckpt_dir, scratch, tag)
+        shutil.rmtree(ckpt_dir / new, ignore_errors=True)
+        (scratch / tag).rename(ckpt_dir / new)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return new
+
+
 def _ds_to_universal(src: Path, dest: Path) -> None:
     proc = subprocess.run(
         [
