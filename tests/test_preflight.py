@@ -78,7 +78,7 @@ def test_grow_replans_at_the_batch_the_parent_trained_with(tmp_path: Path) -> No
 def test_a_busy_port_is_replaced_or_named_before_any_rank_starts(tmp_path: Path) -> None:
     import socket
 
-    from toolkit.commands.launch import _rendezvous_port
+    from toolkit.run.launching import rendezvous_port as _rendezvous_port
 
     with socket.socket() as busy:
         busy.bind(("", 0))
