@@ -94,6 +94,11 @@ def program_of(args: argparse.Namespace, cluster_file: Path, cluster: Any = None
     if program and (program[0] in ("-m", "--module") or program[0].endswith(".py")):
         return program, None
     if args.config is None:
+        if "--config" in program:  # a train flag, as dstk train takes it: dstk launch passes it on itself
+            raise UserError(
+                "--config: give it to dstk launch, before -- (dstk launch --config FILE -- --model ...): launch "
+                "checks the config for the world it starts and passes it to every rank"
+            )
         raise UserError("--config: dstk train needs the DeepSpeed config (dstk config writes one)")
     input_file(args.config, "--config", "a DeepSpeed JSON config")
     run = None

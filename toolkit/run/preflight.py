@@ -192,6 +192,8 @@ def prepare_run(args: Any, world: int, cluster: Any = None) -> tuple[Any, list[s
     model = model_from(args.model, args.params, args.seq_length)
     config = read_ds_config(input_file(args.config, "--config", "a DeepSpeed JSON config"))
     block = read_dstk_block(config)
+    if args.steps is not None and args.steps <= 0:
+        raise UserError(f"--steps: {args.steps} must be positive (omit it for the config's scheduled steps)")
     steps = args.steps or scheduled_steps(config)
     if not isinstance(steps, int) or steps <= 0:
         raise UserError("--steps: give a positive number of steps (the config's scheduler has none)")
@@ -217,10 +219,14 @@ def prepare_run(args: Any, world: int, cluster: Any = None) -> tuple[Any, list[s
     async_save, snapshot_every = checkpoint_tiers(args, block, model)
     if args.init_from is not None:
         input_dir(args.init_from, "--init-from", "a save_pretrained folder")
-        if (args.init_from / "config.json").is_file():
-            from toolkit.run.models import check_init_from
+        if not (args.init_from / "config.json").is_file():  # else every rank fails at start-up
+            raise UserError(
+                f"--init-from: {args.init_from} has no config.json (expected a save_pretrained directory, "
+                "e.g. what dstk export or dstk grow writes)"
+            )
+        from toolkit.run.models import check_init_from
 
-            check_init_from(model, args.init_from)
+        check_init_from(model, args.init_from)
     if args.data is not None:
         check_data(model, args.data)
     notes = [n for n in (schedule_note(steps, config), _planned_for(block, model)) if n]
