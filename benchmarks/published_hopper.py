@@ -17,9 +17,11 @@ stacks, and dstk prices a runtime by its flags:
 Sources (row by row in `source`): NVIDIA DGX Cloud benchmarking recipes (NVIDIA/dgxc-benchmarking@143b90dd
 READMEs: aggregate tokens/s and step times), Megatron-LM's README weak-scaling table (Megatron-Core r0.8.0,
 per-GPU TFLOP/s), the Nemotron-4 15B paper (Parmar et al. 2024, Table 2: iteration times), the Llama 3 paper
-(Dubey et al. 2024, Table 4), MosaicML llm-foundry's scripts/train/benchmarking/README.md (H100 bf16 table),
-torchtitan's benchmarks/llama3_h100_202412_torchtitan.md, IBM foundation-model-stack/fms-fsdp README. The
-figures are quoted as printed; tokens/s per GPU are derived from aggregate figures by dividing by the GPUs.
+(Dubey et al. 2024, Table 4), NeMo's long-sequence performance table (NVIDIA/NeMo@19fadb67
+docs/source/performance/performance_long_sequence.md: model TFLOP/s per GPU), MosaicML llm-foundry's
+scripts/train/benchmarking/README.md (H100 bf16 table), torchtitan's benchmarks/llama3_h100_202412_torchtitan.md,
+IBM foundation-model-stack/fms-fsdp README. The figures are quoted as printed; tokens/s per GPU are derived from
+aggregate figures by dividing by the GPUs.
 """
 
 from __future__ import annotations
@@ -262,6 +264,18 @@ HOPPER_RUNS: list[tuple[str, str, str, str, float, str]] = [
         430,
         "Hopper, Megatron-Core/NeMo, bf16",
     ),
+    # Table 4's long-context row: CP16 × TP8 = 128 GPUs (16 nodes) per attention group, CP priced as Ulysses
+    # `--sp 16` (16 heads per TP rank divide by 16); 128 sequences of 131,072 tokens (batch 16 per DP rank, DP8)
+    (
+        "Llama 3 405B, TP8 CP16 PP16, 131K tokens, 16384 H100",
+        "Dubey et al. 2024, Table 4 (380 TFLOP/s; seq 131,072, batch/DP 16, DP8)",
+        "--model llama3-405b --cluster dgx-h100 --nodes 2048 --tp 8 --pp 16 --sp 16 --zero-stage 1 "
+        "--micro-batch 1 --global-batch 128 --seq-length 131072 --recompute none --fused-kernels "
+        f"--flash-attention --comm-overlap --attention-efficiency 0.55 {TPX}",
+        "model",
+        380,
+        "Hopper, Megatron-Core/NeMo, bf16",
+    ),
     # The same DGX Cloud recipes in FP8 (Transformer Engine, delayed scaling; same layouts, same READMEs'
     # "Expected Performance" FP8 tables): `--precision fp8` prices TE's casts, amax reductions and weight copies
     *(
@@ -329,6 +343,28 @@ HOPPER_RUNS: list[tuple[str, str, str, str, float, str]] = [
                 "183,664 tokens/s",
             ),
         )
+    ),
+    # NeMo's long-sequence table, Llama 2 7B (MHA, 32 heads) in FP8 on DGX-H100 (NeMo 24.03.01), the two rows whose
+    # TP × CP group spans nodes and that Ulysses can price (heads per TP rank divisible by CP): TP4 CP4 (16 GPUs)
+    # at 128K, TP4 CP8 (32 GPUs) at 256K; PP1, micro-batch 1 (not printed). Its TFLOP/s are NeMo's model FLOPs,
+    # 6N + 12·L·h·s (non-causal), dstk's convention: the NeMo 24.07 performance summary's LLAMA2-7B, 780 TFLOP/s
+    # at 16,934 tokens/s/GPU, is 46.06 GFLOP/token; dstk counts 46.09 at 4K [derived]. (512K and 1024K run TP8
+    # CP16/CP32: 4 heads per TP rank, which Ulysses cannot split 16 ways; not priced.)
+    *(
+        (
+            f"NeMo Llama 2 7B FP8, {k}K tokens, TP4 CP{cp}, {n} H100",
+            f"NVIDIA/NeMo@19fadb67 docs/source/performance/performance_long_sequence.md (LLAMA2-7B (FP8) - H100, "
+            f"NeMo 24.03.01: {tf} TFLOPS/GPU, batch {gb}, DP8)",
+            _mcore(
+                "llama-7b",
+                n // 8,
+                f"--tp 4 --sp {cp} --micro-batch 1 --global-batch {gb} --seq-length {k * 1024} {TPX} --precision fp8",
+            ),
+            "model",
+            tf,
+            "Hopper, Megatron-Core/NeMo, fp8",
+        )
+        for k, n, gb, cp, tf in ((128, 128, 32, 4, 555), (256, 256, 16, 8, 549))
     ),
     # PyTorch FSDP stacks
     *(
