@@ -188,6 +188,7 @@ def prepare_run(args: Any, world: int, cluster: Any = None) -> tuple[Any, list[s
     from toolkit.plan.load import model_from
     from toolkit.run.loop_state import LoopOptions, TrainRun
     from toolkit.run.stability import Fault
+    from toolkit.run.train_flags import batching_options, guard_options
 
     model = model_from(args.model, args.params, args.seq_length)
     config = read_ds_config(input_file(args.config, "--config", "a DeepSpeed JSON config"))
@@ -310,51 +311,6 @@ def lora_spec(flag: str | None, planned: str | None) -> str | None:
     if given and planned and given != planned:
         raise UserError(f"--lora: {given} disagrees with the config's plan ({planned}); drop one")
     return given or planned
-
-
-GUARD_FLAGS = {
-    "spike_window": "window",
-    "spike_mads": "mads",
-    "spike_steps": "patience",
-    "spike_lr_factor": "lr_factor",
-    "max_rollbacks": "max_rollbacks",
-}
-"""argparse destination → GuardOptions field."""
-
-
-BATCHING_FLAGS = ("token_budget", "lr_scaling", "curriculum_steps", "curriculum_start")
-
-
-def batching_options(args: Any, config: dict) -> Any:
-    from toolkit.data.dynamic import dynamic_options
-
-    given = {flag: getattr(args, flag) for flag in BATCHING_FLAGS if getattr(args, flag) is not None}
-    if args.curriculum_start is not None and not args.curriculum_steps:
-        raise UserError("--curriculum-start: only applies with --curriculum-steps K")
-    options = dynamic_options(config, given)
-    if options is None and args.lr_scaling is not None:
-        raise UserError("--lr-scaling: only applies with --token-budget or --curriculum-steps")
-    return options
-
-
-def guard_options(args: Any) -> Any:
-    from toolkit.run.stability import GuardOptions
-
-    given = {
-        field: getattr(args, flag) for flag, field in GUARD_FLAGS.items() if getattr(args, flag) is not None
-    }
-    if not args.spike_guard:
-        if given:
-            flag = next(f for f, field in GUARD_FLAGS.items() if field in given)
-            raise UserError(f"--{flag.replace('_', '-')}: only applies with --spike-guard")
-        return None
-    if args.checkpoint_dir is None:
-        raise UserError(
-            "--spike-guard: needs --checkpoint-dir (it rolls back to the last complete checkpoint)"
-        )
-    if not args.save_every:
-        raise UserError("--spike-guard: needs periodic checkpoints; give --save-every K > 0")
-    return GuardOptions(**given)
 
 
 def checkpoint_tiers(args: Any, block: Any, model: Any = None) -> tuple[bool, int]:

@@ -1,7 +1,7 @@
 """`dstk train`'s flags, defined once for the two parsers that read them: `dstk train` on every rank, and
 `dstk launch`, which judges the arguments after `--` before any rank starts (toolkit.run.launching). They live
 in the run half beside the pre-flight that checks them (toolkit.run.preflight), so neither verb imports the
-other."""
+other; with them, what the spike-guard and dynamic-batching flags make (`guard_options`, `batching_options`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.commands import add_model_args
+from toolkit.errors import UserError
 from toolkit.run.stability import GuardOptions
 from toolkit.run.stragglers import MIN_EXCESS_S, WINDOW_STEPS
 from toolkit.run.stragglers import RATIO as STRAGGLER_RATIO
@@ -239,3 +240,49 @@ def _add_batching_arguments(parser: argparse.ArgumentParser) -> None:
 
 PREFLIGHT_DONE = "DSTK_PREFLIGHT_DONE"
 """Set by dstk launch for the ranks once it has run the pre-flight and said its notes."""
+
+
+# what the spike-guard and dynamic-batching flags make, checked (toolkit.run.preflight calls these)
+GUARD_FLAGS = {
+    "spike_window": "window",
+    "spike_mads": "mads",
+    "spike_steps": "patience",
+    "spike_lr_factor": "lr_factor",
+    "max_rollbacks": "max_rollbacks",
+}
+"""argparse destination → GuardOptions field."""
+
+
+BATCHING_FLAGS = ("token_budget", "lr_scaling", "curriculum_steps", "curriculum_start")
+
+
+def batching_options(args: Any, config: dict) -> Any:
+    from toolkit.data.dynamic import dynamic_options
+
+    given = {flag: getattr(args, flag) for flag in BATCHING_FLAGS if getattr(args, flag) is not None}
+    if args.curriculum_start is not None and not args.curriculum_steps:
+        raise UserError("--curriculum-start: only applies with --curriculum-steps K")
+    options = dynamic_options(config, given)
+    if options is None and args.lr_scaling is not None:
+        raise UserError("--lr-scaling: only applies with --token-budget or --curriculum-steps")
+    return options
+
+
+def guard_options(args: Any) -> Any:
+    from toolkit.run.stability import GuardOptions
+
+    given = {
+        field: getattr(args, flag) for flag, field in GUARD_FLAGS.items() if getattr(args, flag) is not None
+    }
+    if not args.spike_guard:
+        if given:
+            flag = next(f for f, field in GUARD_FLAGS.items() if field in given)
+            raise UserError(f"--{flag.replace('_', '-')}: only applies with --spike-guard")
+        return None
+    if args.checkpoint_dir is None:
+        raise UserError(
+            "--spike-guard: needs --checkpoint-dir (it rolls back to the last complete checkpoint)"
+        )
+    if not args.save_every:
+        raise UserError("--spike-guard: needs periodic checkpoints; give --save-every K > 0")
+    return GuardOptions(**given)
