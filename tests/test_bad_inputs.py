@@ -740,6 +740,18 @@ LAUNCH = ["launch", "--cluster", "cpu", "--config", f"{BAD}/micro1.json", "--run
 TRAIN = ["--model", TINY, "--steps", "5"]
 # the first hour (#33): each class of mistake a newcomer made, caught before any rank starts or file is written
 CASES += [
+    # a file taken for another
+    (
+        "cluster-is-the-gpu-table",
+        [
+            "estimate",
+            "--model",
+            "tiny-gpt2",
+            "--cluster",
+            str(REPO / "toolkit" / "plan" / "presets" / "gpus.yaml"),
+        ],
+        r"^dstk estimate: error: --cluster: .*gpus.yaml looks like a table of GPUs \(a100-sxm4-80gb, .*gpu: a100-sxm4-80gb",
+    ),
     # the train command's mistakes, before any rank starts
     (
         "launch-config-given-after-the-double-dash",

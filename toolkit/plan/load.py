@@ -153,6 +153,14 @@ def _not_a_deepspeed_config(data: dict[str, Any], path: Path, what: str) -> None
             f"--{what}: {path} looks like a DeepSpeed config ({', '.join(keys[:3])}), not a {what} description; "
             f"give it as --config, and the {what} as --{what}"
         )
+    gpus = [k for k, v in data.items() if isinstance(v, dict) and "bf16_tflops" in v]
+    if gpus and len(gpus) == len(
+        data
+    ):  # the GPU table (or a copy of it), one "unknown field" per GPU otherwise
+        raise UserError(
+            f"--{what}: {path} looks like a table of GPUs ({', '.join(gpus[:3])}, ...), not a {what} description; "
+            f"a cluster file names its GPU with gpu: {gpus[0]} (presets/gpus.yaml keys)"
+        )
 
 
 def load_model(ref: str, overrides: dict[str, Any] | None = None) -> ModelSpec:
