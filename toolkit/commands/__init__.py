@@ -188,22 +188,40 @@ def add_layout_args(parser: argparse.ArgumentParser) -> None:
         )
 
 
-def add_option_fields(group: Any, model: Any, metavars: dict[str, str] | None = None) -> None:
-    """One flag per field of a typed option model (`--width-noise` for `width_noise`): type, choices, default
-    and help come from the field, so the flags and the model that checks them cannot drift apart."""
+def field_help(field: Any) -> str | None:
+    """A pydantic field's docstring with its default (one that is None is said by the docstring), as argparse
+    help (a literal % escaped)."""
+    default = "" if field.default is None else f" (default: {field.default})"
+    return _help(f"{field.description.rstrip('.')}{default}")
+
+
+def add_option_fields(
+    group: Any,
+    model: Any,
+    metavars: dict[str, str] | None = None,
+    *,
+    only: tuple[str, ...] = (),
+    unset_is_none: bool = False,
+) -> None:
+    """One flag per field of a typed option model (`--width-noise` for `width_noise`; `only` some of them): type,
+    choices, default and help come from the field, so the flags and the model that checks them cannot drift
+    apart. `unset_is_none`: a flag not given is None (the caller lays what was given over a config or the
+    model's defaults) and its help says the model's default instead."""
     from pydantic_core import PydanticUndefined
 
     for name, field in model.model_fields.items():
+        if only and name not in only:
+            continue
         kind, choices = _choices(field.annotation)
         default = None if field.default is PydanticUndefined else field.default
-        metavar = (metavars or {}).get(name)
         group.add_argument(
             f"--{name.replace('_', '-')}",
+            dest=name,
             type=kind,
             choices=choices,
-            default=default,
-            metavar=metavar,
-            help=_help(field.description),
+            default=None if unset_is_none else default,
+            metavar=None if choices else (metavars or {}).get(name),
+            help=field_help(field) if unset_is_none else _help(field.description),
         )
 
 

@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from toolkit.commands import OneLineParser, _choices, _help
+from toolkit.commands import OneLineParser, _choices, _help, add_option_fields, field_help
 
 SOURCE = "data prepare"
 ACTIONS = {
@@ -35,28 +35,13 @@ def _flag(name: str) -> str:
     return f"--{name.replace('_', '-')}"
 
 
-def _field_help(field: Any) -> str | None:
-    """A pydantic field's docstring with its default (one that is None is said by the docstring), as argparse
-    help (a literal % escaped)."""
-    default = "" if field.default is None else f" (default: {field.default})"
-    return _help(f"{field.description.rstrip('.')}{default}")
-
-
-def _add_model_flags(
-    group: Any, model: Any, exclude: tuple[str, ...] = (), only: tuple[str, ...] = ()
-) -> None:
-    for name, field in model.model_fields.items():
-        if name in exclude or (only and name not in only):
-            continue
-        kind, choices = _choices(field.annotation)
-        group.add_argument(
-            _flag(name),
-            dest=name,
-            type=kind,
-            choices=choices,
-            metavar=None if choices else METAVARS.get(name, "N" if kind is int else "X"),
-            help=_field_help(field),
-        )
+def _add_model_flags(group: Any, model: Any, only: tuple[str, ...] = ()) -> None:
+    """The option model's fields as flags that are None unless given (toolkit.commands.add_option_fields)."""
+    metavars = {
+        n: METAVARS.get(n, "N" if _choices(f.annotation)[0] is int else "X")
+        for n, f in model.model_fields.items()
+    }
+    add_option_fields(group, model, metavars, only=only, unset_is_none=True)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -114,9 +99,9 @@ def _add_prepare(sub: Any) -> argparse.ArgumentParser:
     _add_tokenizer_and_split(prep)
     fields = PrepareOptions.model_fields
     _add_model_flags(prep, PrepareOptions, only=(*READING, "format"))
-    prep.add_argument("--max-shard-mb", type=int, metavar="MB", help=_field_help(fields["max_shard_mb"]))
+    prep.add_argument("--max-shard-mb", type=int, metavar="MB", help=field_help(fields["max_shard_mb"]))
     prep.add_argument(
-        "--tokenizer-sample-mb", type=float, metavar="MB", help=_field_help(fields["tokenizer_sample_mb"])
+        "--tokenizer-sample-mb", type=float, metavar="MB", help=field_help(fields["tokenizer_sample_mb"])
     )
     return prep
 
