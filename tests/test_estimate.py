@@ -123,8 +123,9 @@ def test_block_activations_match_what_hf_gpt2_saves() -> None:
 
 def test_palm_flops_convention() -> None:
     """6N + 12·L·H·Q·T per token (PaLM App. B), N without the learned position table (a lookup, no FLOPs; the
-    tied word embedding stays: it is the LM head's matmul); full recomputation adds one forward (×4/3), and
-    without recomputation the hardware FLOPs are the model FLOPs."""
+    tied word embedding stays: it is the LM head's matmul); full recomputation adds one forward of the blocks
+    (×4/3 of all but the LM head: Narayanan et al. 2021, eq. 3), and without recomputation the hardware FLOPs
+    are the model FLOPs."""
     model = load_model("gpt3-175b")
     pc = count_params(model)
     n, attn = pc.total - pc.position_embedding, 12 * 96 * 96 * 128 * 2048
@@ -132,7 +133,11 @@ def test_palm_flops_convention() -> None:
     assert model_flops_per_token(model) == 6 * n + attn
     none, full = hardware_flops_per_token(model, "none"), hardware_flops_per_token(model, "full")
     assert none == model_flops_per_token(model)
-    assert full / none == pytest.approx(4 / 3, rel=1e-9)
+    head = 2 * 3 * 12288 * 50257  # the logit layer, forward and backward, counted once
+    assert (full - head) / (none - head) == pytest.approx(4 / 3, rel=1e-9)
+    # Narayanan et al. 2021, eq. 3: 96·B·s·l·h²·(1 + s/6h + V/16lh) per sequence of s tokens
+    layers, h, s, v = 96, 12288, 2048, 50257
+    assert full == pytest.approx(96 * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h)), rel=2e-3)
 
 
 def test_untied_input_embedding_is_a_lookup_not_flops() -> None:

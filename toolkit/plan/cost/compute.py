@@ -293,8 +293,12 @@ def stage_compute(
 
     Blocks by `block_time`; the last stage adds the LM head (2·h·V FLOPs per token forward, vocabulary-parallel,
     in the training precision even in fp8) and its softmax, whose backward is two forwards (one `frozen`).
-    Full recomputation repeats the forward, selective the attention core; full with `recompute_every` K > 1
-    repeats the forward of the stage's blocks whose count is a multiple of K (blocks // K of them).
+    Full recomputation repeats the forward of the blocks, not the LM head: every runtime checkpoints block by
+    block (Megatron's `--recompute-granularity full` the transformer layers, HF's gradient checkpointing each
+    decoder layer, llm-foundry's `activation_checkpointing_fn` each MPTBlock, DeepSpeed's checkpointing the
+    layers it wraps), and Narayanan et al. 2021's hardware-FLOPs formula (eq. 3) counts the logit layer three
+    times, not four. Selective repeats the attention core; full with `recompute_every` K > 1 repeats the
+    forward of the stage's blocks whose count is a multiple of K (blocks // K of them).
     """
     tokens = micro_batch * model.seq_length
     common = dict(
@@ -324,10 +328,11 @@ def stage_compute(
         head = _gemm_s(tokens / sp, model.hidden_size, model.vocab_size / tp, e, peak, cluster)
         head += (e + 8) * tokens / sp * model.vocab_size / tp / hbm  # upcast + log-softmax of the logits
         fwd, bwd = fwd + head, bwd + (1 if frozen else 2) * head
-    recompute_s = fwd if recompute == "full" else attention_fwd if recompute == "selective" else 0.0
     blocks = dense_layers + moe_layers
+    blocks_fwd = fwd - (head if last else 0.0)
+    recompute_s = blocks_fwd if recompute == "full" else attention_fwd if recompute == "selective" else 0.0
     if recompute == "full" and recompute_every > 1 and blocks:
-        recompute_s = (fwd - (head if last else 0.0)) * (blocks // recompute_every) / blocks
+        recompute_s = blocks_fwd * (blocks // recompute_every) / blocks
     return StageCompute(forward_s=fwd, backward_s=bwd, recompute_s=recompute_s, per_step_s=per_step)
 
 

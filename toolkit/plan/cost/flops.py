@@ -6,7 +6,7 @@ routed top-k experts) less the lookup-only tables, an untied input embedding and
 no FLOPs (nanoGPT's `estimate_mfu` leaves the position table out likewise; a tied embedding stays, being the
 LM head's matmul). MFU divides model FLOPs by the accelerator's peak in the training precision; it ignores
 recomputation by definition. Hardware FLOPs are model FLOPs plus what a layout computes again or in vain, so
-never fewer: a whole extra forward with full recomputation (the ×4/3 of Narayanan et al. 2021, eq. 3), the
+never fewer: the blocks' forward again with full recomputation (the ×4/3 of Narayanan et al. 2021, eq. 3, LM head excepted), the
 attention core with selective recomputation (Korthikanti et al. 2022, §5), and the capacity padding of MoE
 experts. The same model FLOPs price a training run (`dstk plan --tokens`) and read `--mfu`.
 """
@@ -59,9 +59,10 @@ def hardware_flops_per_token(
     """FLOPs the accelerators execute per token: model FLOPs, plus expert capacity padding and recomputation.
 
     Experts compute on capacity-padded buffers (capacity factor × routed tokens; a factor below 1 drops
-    tokens, which the model FLOPs still count). Full recomputation repeats the forward, padding included (of
-    n_layers // recompute_every blocks when only every K-th is checkpointed); selective recomputation repeats the
-    attention core.
+    tokens, which the model FLOPs still count). Full recomputation repeats the blocks' forward, padding included
+    (of n_layers // recompute_every blocks when only every K-th is checkpointed), not the LM head's (runtimes
+    checkpoint block by block; Narayanan et al. 2021, eq. 3, counts the logit layer 3 times: 96·B·s·l·h²·(1 +
+    s/6h + V/16lh)); selective recomputation repeats the attention core.
     """
     pc = count_params(model)
     padding = pc.n_moe_layers * pc.moe_top_k * pc.expert * max(0.0, model.moe_capacity_factor - 1)
@@ -69,7 +70,8 @@ def hardware_flops_per_token(
     total = model_flops_per_token(model, frozen) + (4 if frozen else 6) * padding
     if recompute == "full":
         share = (model.n_layers // recompute_every) / model.n_layers if recompute_every > 1 else 1.0
-        total += share * (2 * (matmul_params(model) + padding) + attention_forward)
+        head = pc.lm_head or pc.word_embedding  # the LM head's matrix (a tied one is the embedding's)
+        total += share * (2 * (matmul_params(model) - head + padding) + attention_forward)
     elif recompute == "selective":
         total += attention_forward
     return total
