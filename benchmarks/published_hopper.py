@@ -30,6 +30,9 @@ MODEL_DIR = "{models}"
 # shapes the rows need beyond dstk's presets (from the sources' configs and papers)
 HOPPER_MODELS: dict[str, dict] = {
     **{
+        # MPTConfig's defaults as llm-foundry's pretrain yamls leave them: learned positions (`alibi` off),
+        # biases, no dropout (resid/emb/attn_pdrop 0.0), exact GeLU; NumParams in the table match this shape
+        # (1b: 1,315,950,592)
         f"mpt-{name}": dict(
             architecture="gpt2",
             n_layers=layers,
@@ -37,8 +40,9 @@ HOPPER_MODELS: dict[str, dict] = {
             n_heads=heads,
             vocab_size=50368,
             seq_length=2048,
-            position_embedding="alibi",
+            position_embedding="learned",
             activation="gelu",
+            dropout=False,
             max_position_embeddings=2048,
         )
         for name, layers, h, heads in (
@@ -139,7 +143,7 @@ HOPPER_MODELS: dict[str, dict] = {
 MCORE = "--fused-kernels --flash-attention --zero-stage 1 --comm-overlap --attention-efficiency 0.55"
 TPX = "--tp-sequence-parallel --tp-vocab-parallel"
 DGXC = "NVIDIA/dgxc-benchmarking@143b90dd"
-MOS = "mosaicml/llm-foundry scripts/train/benchmarking/README.md (H100 80GB BF16 table)"
+MOS = "mosaicml/llm-foundry scripts/train/benchmarking/README.md (H100 80GB BF16 tables)"
 M = MODEL_DIR
 
 
@@ -366,27 +370,33 @@ HOPPER_RUNS: list[tuple[str, str, str, str, float, str]] = [
         )
         for k, n, gb, cp, tf in ((128, 128, 32, 4, 555), (256, 256, 16, 8, 549))
     ),
-    # PyTorch FSDP stacks
+    # PyTorch FSDP stacks. llm-foundry's two H100 bf16 tables come from two sweeps: the large-scale one (128-512
+    # GPUs; scripts/train/benchmarking/sweep.py @5e85bd62d, Jan 2024) passes --fsdp_config_backward_prefetch
+    # BACKWARD_PRE, forward prefetch and FlashAttention-2 (`--attn_impl flash`; 13b and 30b: `triton`); the
+    # other (8-64 GPUs; sweep.sh @b2a43a147, Oct 2023) passes no prefetch flag, so composer's FSDPConfig
+    # default BACKWARD_POST applies, and submit_benchmarks.py's default `--attn_impl triton` (MPT's Triton
+    # flash attention; priced as FlashAttention-2, no Hopper figure published for it)
     *(
         (
-            f"MosaicML MPT-{name}, FSDP {mode}, {n} H100, b={b}",
-            f"{MOS} ({tps} T/s/GPU)",
+            f"MosaicML MPT-{name}, FSDP {mode}, {n} H100, b={b}" + (f"×{ga}" if ga > 1 else ""),
+            f"{MOS} ({tps} T/s/GPU{'; BACKWARD_POST, triton attention' if post else ''})",
             f"--model {M}/mpt-{name}.yaml --cluster dgx-h100 --nodes {n // 8} --zero-stage {3 if mode == 'FULL' else 2} "
-            f"--micro-batch {b} --global-batch {b * n} --recompute {rc} --flash-attention --fsdp fp32",
+            f"--micro-batch {b} --global-batch {b * ga * n} --recompute {rc} --flash-attention --fsdp fp32"
+            + (" --fsdp-backward-prefetch post" if post else ""),
             "tok",
             tps,
             "Hopper, PyTorch FSDP, bf16",
         )
-        for name, mode, n, b, rc, tps in (
-            ("1b", "GRAD_OP", 512, 12, "none", 39837),
-            ("1b", "GRAD_OP", 128, 12, "none", 44123),
-            ("3b", "GRAD_OP", 512, 8, "none", 21664),
-            ("7b", "FULL", 512, 6, "none", 9670),
-            ("7b", "FULL", 256, 6, "none", 10119),
-            ("7b", "FULL", 8, 6, "none", 10643),
-            ("13b", "FULL", 512, 16, "full", 4952),
-            ("70b", "FULL", 512, 8, "full", 1007),
-            ("70b", "FULL", 64, 8, "full", 1039),
+        for name, mode, n, b, ga, rc, post, tps in (
+            ("1b", "GRAD_OP", 512, 12, 1, "none", False, 39837),
+            ("1b", "GRAD_OP", 128, 12, 1, "none", False, 44123),
+            ("3b", "GRAD_OP", 512, 8, 1, "none", False, 21664),
+            ("7b", "FULL", 512, 6, 1, "none", False, 9670),
+            ("7b", "FULL", 256, 6, 1, "none", False, 10119),
+            ("7b", "FULL", 8, 6, 1, "none", True, 10643),
+            ("13b", "FULL", 512, 16, 1, "full", False, 4952),
+            ("70b", "FULL", 512, 8, 1, "full", False, 1007),
+            ("70b", "FULL", 64, 8, 4, "full", True, 1039),
         )
     ),
     *(

@@ -375,6 +375,32 @@ def test_pytorch_fsdp_gathers_one_flat_parameter_per_block() -> None:
     assert fsdp.time.data_parallel_comm_s == pytest.approx(first_and_last)
 
 
+def test_fsdp_backward_post_prefetch_exposes_the_backward_gathers() -> None:
+    """FSDP1's BACKWARD_POST (composer's default) issues the next block's backward all-gather after the current
+    block's gradient computation, on the NCCL stream every collective of the group shares: FULL_SHARD's
+    backward gathers are all exposed, its reduce-scatters still overlap. SHARD_GRAD_OP gathers nothing in
+    backward, so the policy changes nothing there."""
+    from toolkit.plan.cost import comm
+    from toolkit.plan.cost.timing import _groups
+
+    m, c = load_model("llama-7b"), load_cluster("dgx-h100", {"nodes": 1, "collective_sm_count": 0})
+
+    def comm_s(stage: int, prefetch: str | None):
+        request = LayoutRequest(
+            zero_stage=stage, micro_batch_size=2, fsdp="fp32", fsdp_backward_prefetch=prefetch
+        )
+        e = estimate(m, c, resolve_layout(m, c, request))
+        return e, e.time.data_parallel_comm_s
+
+    pre, pre_s = comm_s(3, "pre")
+    assert comm_s(3, None)[1] == pre_s  # unset: BACKWARD_PRE, FSDP1's own default
+    _, post_s = comm_s(3, "post")
+    units = m.n_layers + 1
+    gathers = comm.all_gather_s(pre.memory.rank.dense * 2, _groups(pre.layout, c)["dp"], c, calls=units)
+    assert post_s == pytest.approx(pre_s + gathers)  # everything hid before; now every backward gather shows
+    assert comm_s(2, "post")[1] == comm_s(2, "pre")[1]
+
+
 def test_collectives_beside_compute_slow_it_by_the_sms_they_hold() -> None:
     """An NCCL kernel holds `collective_sm_count` SMs while it runs beside compute, so the GEMMs beside it run on
     the rest (132 − 24 on H100: ~1.2× slower; Lee et al. 2025 measure 18.9 % on average), and a collective

@@ -53,6 +53,14 @@ RULE_CASES = [
         r"--fsdp: PyTorch FSDP's runtime",
     ),
     (
+        "backward_prefetch_needs_fsdp",
+        "gpt2",
+        "dgx-a100-80g",
+        {},
+        dict(zero_stage=3, fsdp_backward_prefetch="post"),
+        r"--fsdp-backward-prefetch: PyTorch FSDP's backward_prefetch; give --fsdp with it",
+    ),
+    (
         "recompute_every_needs_full",
         "gpt2",
         "dgx-a100-80g",

@@ -64,6 +64,7 @@ LAYOUT_FLAGS: dict[str, str] = {
     "virtual_stages": "--virtual-stages",
     "comm_overlap": "--comm-overlap",
     "fsdp": "--fsdp",
+    "fsdp_backward_prefetch": "--fsdp-backward-prefetch",
     "lora": "--lora",
 }
 
@@ -146,6 +147,15 @@ class LayoutRequest(BaseModel):
     only the first gather and the last reduce-scatter of a micro-batch cannot overlap (PyTorch's FSDP notes,
     "FSDP Prefetch Nuances"; FSDP2's `fully_shard` per block). Off: DeepSpeed's ZeRO, which gathers module by
     module in prefetch buckets and reduces in gradient buckets."""
+    fsdp_backward_prefetch: Literal["pre", "post"] | None = None
+    """With --fsdp at ZeRO-3 (FULL_SHARD): when FSDP issues the next block's backward all-gather (FSDP1's
+    `backward_prefetch`). `pre` (BackwardPrefetch.BACKWARD_PRE, FSDP1's own default; FSDP2 prefetches so
+    too) issues it before the current block's gradient computation, which it then overlaps; `post`
+    (BACKWARD_POST, MosaicML composer's default) issues it after, so the gather waits for that computation and
+    the next block's computation waits for the gather: every backward all-gather is exposed, only the
+    reduce-scatters overlap the next block's computation (torch.distributed.fsdp.BackwardPrefetch: "any
+    collectives, even if issued from different streams, contend for the same per-device NCCL stream").
+    Unset: `pre`."""
     lora: str | None = None
     """LoRA fine-tuning, e.g. `r=16,alpha=32[,dropout=0.05][,targets=q_proj+v_proj]`: adapters train, the
     base weights are frozen (no gradients or optimizer states for them); see toolkit/plan/lora.py."""

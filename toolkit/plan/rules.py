@@ -272,6 +272,13 @@ def _fsdp_shards_as_zero(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int
     return None
 
 
+def _backward_prefetch_needs_fsdp(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """The backward prefetch policy is PyTorch FSDP's; DeepSpeed's ZeRO-3 prefetches by its own buckets."""
+    if r.fsdp_backward_prefetch is not None and r.fsdp is None:
+        return "--fsdp-backward-prefetch: PyTorch FSDP's backward_prefetch; give --fsdp with it"
+    return None
+
+
 def _recompute_every_needs_full(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
     """Checkpointing every K-th block is a thinning of full recomputation."""
     if r.recompute_every is not None and r.recompute != "full":
@@ -321,6 +328,7 @@ RULES: tuple[Rule, ...] = (
     Rule("megatron_core_runtime_only", _megatron_core_only, scope="runs"),
     Rule("fsdp_shards_as_zero2_or_3", _fsdp_shards_as_zero),
     Rule("pytorch_fsdp_runtime_only", _pytorch_fsdp_only, scope="runs"),
+    Rule("backward_prefetch_needs_fsdp", _backward_prefetch_needs_fsdp),
     Rule("recompute_every_needs_full", _recompute_every_needs_full),
     Rule("recompute_every_runtime_only", _recompute_every_runtime_only, scope="runs"),
     Rule("lora_targets_exist", _lora_targets),

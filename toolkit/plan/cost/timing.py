@@ -249,7 +249,9 @@ def _fsdp_exposed_s(
     in backward; SHARD_GRAD_OP (ZeRO-2) keeps the gathered parameters until backward ends. Gradients are
     reduced in `layout.fsdp`'s dtype (MixedPrecision.reduce_dtype: fp32 for llm-foundry's `DEFAULT` and
     torchtitan, bf16 for fms-fsdp's `bfSixteen`). FSDP has no post-step gather: the optimizer updates the
-    local shard in place."""
+    local shard in place. With `fsdp_backward_prefetch` "post" (BACKWARD_POST) a backward gather is issued only
+    after the computation it could have overlapped, and the computation after it waits for it: all of
+    FULL_SHARD's backward gathers are exposed and the reduce-scatters overlap what compute remains."""
     units = load.n_blocks + 1
     grad_e = 4 if layout.fsdp == "fp32" else 2
     gather = comm.all_gather_s(params * e, grp, cluster, calls=units)
@@ -257,12 +259,10 @@ def _fsdp_exposed_s(
     gather_one, reduce_one = gather / units, reduce / units
     backward_gather = gather if layout.zero_stage == 3 else 0.0
     slow = load.overlap_slowdown
-    return (
-        gather_one
-        + _behind(gather - gather_one, fwd, slow)
-        + reduce_one
-        + _behind(backward_gather + reduce - reduce_one, bwd, slow)
-    )
+    forward = gather_one + _behind(gather - gather_one, fwd, slow) + reduce_one
+    if layout.fsdp_backward_prefetch == "post":
+        return forward + backward_gather + _behind(reduce - reduce_one, bwd, slow)
+    return forward + _behind(backward_gather + reduce - reduce_one, bwd, slow)
 
 
 def _onebit_allreduce_s(params: float, grp: comm.Group, cluster: ClusterSpec, layout: Layout) -> float:
