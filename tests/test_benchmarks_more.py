@@ -144,3 +144,20 @@ def test_hf_step_tiny_puts_every_step_beside_the_prediction(tmp_path) -> None:
     assert record["predicted"]["step_time_s"] > 0 and 0 < record["measured_mfu"] < 1
     assert any("time (ms) | fwd" in line for line in record["profile"])
     assert "| step time" in (tmp_path / "hf_step.md").read_text()
+
+
+def test_llm_foundry_tables_are_priced_with_the_shapes_and_settings_their_sweeps_ran(tmp_path: Path) -> None:
+    """benchmarks/published_foundry.py reads llm-foundry's two H100 bf16 tables verbatim: every row's MPT shape
+    gives the parameter count the table prints (so the shapes and the learned positions are right), and only
+    the older sweep's rows run composer's default BACKWARD_POST."""
+    foundry = importlib.import_module("benchmarks.published_foundry")
+    rows = foundry.read_tables()
+    assert len(rows) == 70
+    large = [r for r in rows if foundry.LARGE in r["table"]]
+    assert len(large) == 18 and {r["gpus"] for r in large} == {128, 256, 512}
+    for row in rows:
+        post = "--fsdp-backward-prefetch" in foundry.estimate_args(row, tmp_path / "m.yaml")
+        assert post == (row not in large)
+    priced = foundry.price(rows, tmp_path)
+    assert [r["dstk_params"] for r in priced] == [r["n_params"] for r in rows]
+    assert all(0.5 < r["ratio"] < 2.0 for r in priced)
