@@ -1,5 +1,5 @@
 """Published training runs on Hopper GPUs (H100 SXM 80 GB; torchtitan's on Meta's 96 GB HBM2e H100 at 500 W,
-the `grand-teton-h100` preset), for benchmarks/published_runs.py.
+the `grand-teton-h100` preset, and Trainy's on H200, the `h200` preset), for benchmarks/published_runs.py.
 
 Each row states the runtime it describes, because the same layout runs at different speeds under different
 stacks, and dstk prices a runtime by its flags:
@@ -19,7 +19,8 @@ READMEs: aggregate tokens/s and step times), Megatron-LM's README weak-scaling t
 per-GPU TFLOP/s), the Nemotron-4 15B paper (Parmar et al. 2024, Table 2: iteration times), the Llama 3 paper
 (Dubey et al. 2024, Table 4), NeMo's long-sequence performance table (NVIDIA/NeMo@19fadb67
 docs/source/performance/performance_long_sequence.md: model TFLOP/s per GPU), MosaicML llm-foundry's
-scripts/train/benchmarking/README.md (H100 bf16 table), torchtitan's benchmarks/llama3_h100_202412_torchtitan.md,
+scripts/train/benchmarking/README.md (H100 bf16 tables), torchtitan's benchmarks/llama3_h100_202412_torchtitan.md
+and benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md,
 IBM foundation-model-stack/fms-fsdp README. The figures are quoted as printed; tokens/s per GPU are derived from
 aggregate figures by dividing by the GPUs.
 """
@@ -411,6 +412,76 @@ HOPPER_RUNS: list[tuple[str, str, str, str, float, str]] = [
             "Hopper, PyTorch FSDP, bf16",
         )
         for n, t, tps in ((8, 1, 5762), (128, 3, 5605))
+    ),
+    # The rest of the same torchtitan report (torchtitan @9dec370, torch 1963fc8, torchao eab345c; seq 8192): the
+    # torch.compile rows (priced with --fused-kernels: compile fuses the norms, rotary and SwiGLU) and the Float8
+    # rows (torchao's tensorwise float8 on every nn.Linear but the output layer, `filter_fqns = ["output"]`,
+    # dstk's fp8: FP8 linear GEMMs, LM head and attention in bf16; FSDP gathers priced in bf16, the report not
+    # saying whether `enable_fsdp_float8_all_gather` was on). Table 2's context parallelism (ring attention) is
+    # priced as Ulysses `--sp` of the same degree, as the NeMo CP rows are; Table 4's AsyncTP as --comm-overlap
+    # (TP collectives behind the GEMMs). The 8B's "selective" AC is torchtitan's op-level policy (every second
+    # matmul and the elementwise ops recomputed), priced as dstk's selective (the attention core): about the
+    # same recompute time at 8K tokens, not the same memory (dstk reads 8B on 8 GPUs as not fitting; it ran at
+    # 82.4 GiB). Tables 5-6 (405B, FSDP + TP + PP) are not priced: dstk's pipelines run ZeRO <= 1.
+    *(
+        (
+            f"torchtitan Llama 3.1 8B, FSDP2 + compile{' + Float8' if fp8 else ''}, {n} H100",
+            f"torchtitan benchmarks/llama3_h100_202412_torchtitan.md (Table {t}: {tps:,} TPS/GPU; H100 96 GB HBM2e "
+            f"at 500 W)",
+            f"--model llama3-8b --cluster grand-teton-h100 --nodes {n // 8} --zero-stage 3 --micro-batch 2 --global-batch "
+            f"{2 * n} --recompute selective --flash-attention --fsdp fp32 --fused-kernels"
+            + (" --precision fp8" if fp8 else ""),
+            "tok",
+            tps,
+            f"Hopper, PyTorch FSDP, {'fp8' if fp8 else 'bf16'}",
+        )
+        for n, t, fp8, tps in (
+            (8, 1, False, 6667),
+            (8, 1, True, 8532),
+            (128, 3, False, 6514),
+            (128, 3, True, 8380),
+        )
+    ),
+    *(
+        (
+            f"torchtitan Llama 3.1 8B, FSDP{8 // cp} CP{cp} + compile + Float8, {k}K tokens, 8 H100",
+            f"torchtitan benchmarks/llama3_h100_202412_torchtitan.md (Table 2: {tps:,} TPS/GPU; full AC, local batch 1)",
+            f"--model llama3-8b --cluster grand-teton-h100 --nodes 1 --zero-stage 3 --sp {cp} --micro-batch 1 "
+            f"--global-batch {8 // cp} --seq-length {k * 1024} --recompute full --flash-attention --fsdp fp32 "
+            f"--fused-kernels --precision fp8",
+            "tok",
+            tps,
+            "Hopper, PyTorch FSDP, fp8",
+        )
+        for cp, k, tps in ((1, 32, 3890), (2, 64, 2540), (4, 128, 1071), (8, 256, 548))
+    ),
+    *(
+        (
+            f"torchtitan Llama 3.1 70B, FSDP32 TP8{' AsyncTP' if overlap else ''} + compile + Float8, 256 H100",
+            f"torchtitan benchmarks/llama3_h100_202412_torchtitan.md (Table 4: {tps} TPS/GPU; full AC, local batch 16)",
+            f"--model {M}/llama3-70b.yaml --cluster grand-teton-h100 --nodes 32 --tp 8 --zero-stage 3 --micro-batch 16 "
+            f"--global-batch 512 --recompute full --flash-attention --fsdp fp32 --fused-kernels --precision fp8 "
+            f"--tp-sequence-parallel" + (" --comm-overlap" if overlap else ""),
+            "tok",
+            tps,
+            "Hopper, PyTorch FSDP, fp8",
+        )
+        for overlap, tps in ((False, 829), (True, 876))
+    ),
+    # An independent torchtitan run on H200 (Trainy on WhiteFiber, June 2025; torchtitan e7c0cae, torchao 0afa4c1):
+    # Llama 3.1 8B, local batch 2, seq 8192, op-level selective AC, torch.compile, Float8 with FP8 FSDP gathers
+    # and precomputed scales (gathers priced in bf16 here), 400 Gb/s per GPU: the `h200` preset
+    *(
+        (
+            f"torchtitan Llama 3.1 8B, FSDP2 + compile + Float8, {n} H200",
+            f"torchtitan benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md ({tps:,} TPS/GPU)",
+            f"--model llama3-8b --cluster h200 --nodes {n // 8} --zero-stage 3 --micro-batch 2 --global-batch {2 * n} "
+            f"--recompute selective --flash-attention --fsdp fp32 --fused-kernels --precision fp8",
+            "tok",
+            tps,
+            "Hopper, PyTorch FSDP, fp8",
+        )
+        for n, tps in ((32, 10938), (64, 10753))
     ),
     # fms-fsdp@267bd4bb's "Selective AC" is `selective_checkpointing` k: every k-th LLaMABlock fully checkpointed
     # (fms_fsdp/policies/ac_handler.py), not Megatron's attention-core recomputation; the 13B run's k is not

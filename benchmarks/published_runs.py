@@ -205,8 +205,13 @@ def summary(rows: list[dict]) -> list[str]:
     import statistics
 
     out = []
-    for group in dict.fromkeys(r["group"] for r in rows):
-        ratios = [r["ratio"] for r in rows if r["group"] == group]
+    groups = {g: [r for r in rows if r["group"] == g] for g in dict.fromkeys(r["group"] for r in rows)}
+    for precision in ("bf16", "fp8"):  # the acceptance bands: every Hopper row of a precision together
+        together = [r for r in rows if r["group"].startswith("Hopper") and r["group"].endswith(precision)]
+        if len({r["group"] for r in together}) > 1:
+            groups[f"Hopper, all {precision} rows"] = together
+    for group, members in groups.items():
+        ratios = [r["ratio"] for r in members]
         errs = [abs(x - 1) for x in ratios]
         out.append(
             f"{group}: {len(ratios)} runs, median |error| {statistics.median(errs):.1%}, worst {max(errs):.1%}, "
