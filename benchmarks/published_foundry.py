@@ -22,8 +22,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import result_path, write_json
-from benchmarks.published_runs import summary
+from benchmarks.published_runs import estimate_json, write_report
 
 TABLES = Path(__file__).resolve().parent / "data" / "llm_foundry_h100_bf16.md"
 # MPT shapes (n_layers, d_model, n_heads) from llm-foundry's scripts/train/yamls/pretrain/mpt-*.yaml; vocabulary
@@ -86,13 +85,13 @@ def model_spec(row: dict) -> dict:
 
 
 def estimate_args(row: dict, model_path: Path) -> list[str]:
-    """`dstk estimate` flags for the row as its sweep ran it."""
+    """`dstk estimate` flags for the row as its sweep ran it (estimate_json adds `--json`)."""
     args = [
-        "estimate", "--model", str(model_path), "--cluster", "dgx-h100", "--nodes", str(max(1, row["gpus"] // 8)),
+        "--model", str(model_path), "--cluster", "dgx-h100", "--nodes", str(max(1, row["gpus"] // 8)),
         "--zero-stage", "3" if row["sharding"] == "FULL_SHARD" else "2",
         "--micro-batch", str(row["micro_batch"]), "--global-batch", str(row["global_batch"]),
         "--recompute", "full" if row["checkpointing"] else "none", "--flash-attention",
-        "--fsdp", "bf16" if row["mixed_precision"] == "PURE" else "fp32", "--json",
+        "--fsdp", "bf16" if row["mixed_precision"] == "PURE" else "fp32",
     ]  # fmt: skip
     if row["gpus"] < 8:
         args += ["--gpus-per-node", str(row["gpus"])]
@@ -107,23 +106,13 @@ def group_of(row: dict) -> str:
 
 
 def price(rows: list[dict], models: Path) -> list[dict]:
-    import contextlib
-    import io
-    import json
-
     import yaml
-
-    from toolkit.cli import main as dstk
 
     priced = []
     for row in rows:
         path = models / f"mpt-{row['model']}-{row['seq']}.yaml"
         path.write_text(yaml.safe_dump(model_spec(row)))
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            code = dstk(estimate_args(row, path))
-        assert code == 0, (row, code)
-        est = json.loads(out.getvalue())
+        est = estimate_json(estimate_args(row, path), row)
         predicted = est["tokens_per_s"] / est["layout"]["world_size"]
         priced.append(
             {
@@ -148,24 +137,25 @@ def main() -> int:
             f"MPT-{r['model']} seq {r['seq']} on {r['gpus']}, b={r['micro_batch']}×{r['accum']} "
             f"{r['sharding']} ckpt={r['checkpointing']} fits={r['fits']}"
         )
-    groups = summary(rows)
-    print("\n".join(groups))
-    write_json("published_foundry", {"rows": rows, "groups": groups})
-    md = result_path("published_foundry", "md")
-    md.write_text(
+    write_report(
+        "published_foundry",
+        rows,
         "# dstk estimate vs llm-foundry's H100 bf16 tables\n\nCommand: `python benchmarks/published_foundry.py`. "
-        "Ratio = dstk / published tokens/s per GPU.\n\n"
-        + "".join(f"- {g}\n" for g in groups)
-        + "\n| model | seq | GPUs | micro × accum | sharding | ckpt | published | dstk | ratio | fits |\n"
-        + "|---|---|---|---|---|---|---|---|---|---|\n"
-        + "".join(
-            f"| MPT-{r['model']} | {r['seq']} | {r['gpus']} | {r['micro_batch']} × {r['accum']} | {r['sharding']} | "
-            f"{r['checkpointing']} | {r['tokens_per_s_per_gpu']:g} | {r['predicted']:.0f} | {r['ratio']:.2f} | "
-            f"{r['fits']} |\n"
-            for r in rows
-        )
+        "Ratio = dstk / published tokens/s per GPU.",
+        ["model", "seq", "GPUs", "micro × accum", "sharding", "ckpt", "published", "dstk", "ratio", "fits"],
+        lambda r: [
+            f"MPT-{r['model']}",
+            str(r["seq"]),
+            str(r["gpus"]),
+            f"{r['micro_batch']} × {r['accum']}",
+            r["sharding"],
+            str(r["checkpointing"]),
+            f"{r['tokens_per_s_per_gpu']:g}",
+            f"{r['predicted']:.0f}",
+            f"{r['ratio']:.2f}",
+            str(r["fits"]),
+        ],
     )
-    print(f"wrote {md}")
     return 0
 
 

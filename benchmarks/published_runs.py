@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -220,14 +221,43 @@ def summary(rows: list[dict]) -> list[str]:
     return out
 
 
-def main() -> int:
+def estimate_json(flags: list[str], context: object = None) -> dict:
+    """`dstk estimate FLAGS --json` run in this process (no start-up per row), parsed; `context` names the
+    row when the estimate refuses it."""
     import contextlib
     import io
+
+    from toolkit.cli import main as dstk
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = dstk(["estimate", *flags, "--json"])
+    assert code == 0, (context, code)
+    return json.loads(out.getvalue())
+
+
+def write_report(
+    bench: str, rows: list[dict], heading: str, columns: list[str], cells: Callable[[dict], list[str]]
+) -> None:
+    """Print the groups' summary, then write the rows to results as JSON and as a Markdown table (`heading`,
+    the summary, one line of `cells(row)` per row under `columns`)."""
+    groups = summary(rows)
+    print("\n".join(groups))
+    write_json(bench, {"rows": rows, "groups": groups})
+    md = result_path(bench, "md")
+    md.write_text(
+        f"{heading}\n\n"
+        + "".join(f"- {g}\n" for g in groups)
+        + "\n| " + " | ".join(columns) + " |\n" + "|---" * len(columns) + "|\n"
+        + "".join("| " + " | ".join(cells(r)) + " |\n" for r in rows)
+    )  # fmt: skip
+    print(f"wrote {md}")
+
+
+def main() -> int:
     import tempfile
 
     import yaml
-
-    from toolkit.cli import main as dstk
 
     rows = []
     models = Path(tempfile.mkdtemp(prefix="dstk-published-"))
@@ -238,11 +268,7 @@ def main() -> int:
         (models / f"{name}.yaml").write_text(yaml.safe_dump({"name": name, **spec}))
     runs = [(*r, group_of(r[0])) for r in RUNS] + list(HOPPER_RUNS)
     for label, source, args, metric, published, group in runs:
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            code = dstk(["estimate", *args.replace(MODEL_DIR, str(models)).split(), "--json"])
-        assert code == 0, (label, code)
-        est = json.loads(out.getvalue())
+        est = estimate_json(args.replace(MODEL_DIR, str(models)).split(), label)
         value = est["tokens_per_s"] / est["layout"]["world_size"] if metric == "tok" else est[METRIC[metric]]
         rows.append(
             {
@@ -261,22 +287,22 @@ def main() -> int:
         print(
             f"{value / published:5.2f}  {value:9.3f} vs {published:8.3f} {metric:5s} fits={est['fits']!s:5s} {label}"
         )
-    groups = summary(rows)
-    print("\n".join(groups))
-    write_json("published_runs", {"rows": rows, "groups": groups})
-    md = result_path("published_runs", "md")
-    md.write_text(
+    write_report(
+        "published_runs",
+        rows,
         "# dstk estimate vs published training runs\n\nCommand: `python benchmarks/published_runs.py`. "
-        "Metric: hw = TFLOP/s per GPU with recomputation, model = without, mfu, tok = tokens/s per GPU.\n\n"
-        + "".join(f"- {g}\n" for g in groups)
-        + "\n| run | source | metric | published | dstk | ratio | fits |\n|---|---|---|---|---|---|---|\n"
-        + "".join(
-            f"| {r['run']} | {r['source']} | {r['metric']} | {r['published']:g} | {r['predicted']:.4g} | "
-            f"{r['ratio']:.2f} | {r['fits']} |\n"
-            for r in rows
-        )
+        "Metric: hw = TFLOP/s per GPU with recomputation, model = without, mfu, tok = tokens/s per GPU.",
+        ["run", "source", "metric", "published", "dstk", "ratio", "fits"],
+        lambda r: [
+            r["run"],
+            r["source"],
+            r["metric"],
+            f"{r['published']:g}",
+            f"{r['predicted']:.4g}",
+            f"{r['ratio']:.2f}",
+            str(r["fits"]),
+        ],
     )
-    print(f"wrote {md}")
     return 0
 
 
