@@ -3,7 +3,9 @@
 `benchmarks/data/llm_foundry_h100_bf16.md` holds the two tables verbatim (70 runs of MPT 760M-70B, 8-512 H100,
 sequence 512-65,536, PyTorch FSDP1 under composer). Each row is priced with the layout it states (sharding
 strategy as ZeRO-2/3 under `--fsdp`, micro-batch, accumulation, activation checkpointing as full
-recomputation, composer's `DEFAULT` mixed precision reducing in fp32) and with what its sweep passed:
+recomputation through PyTorch's non-reentrant checkpoint — the yamls' `activation_checkpointing_reentrant:
+false`, which stops before each block's down projection (`--fsdp`'s default early stop) — composer's
+`DEFAULT` mixed precision reducing in fp32) and with what its sweep passed:
 - the large-scale table (128-512 GPUs; sweep.py @5e85bd62d) sets BACKWARD_PRE and forward prefetch;
 - the other (8-64 GPUs; sweep.sh @b2a43a147) passes no prefetch flag, so composer's default BACKWARD_POST
   applies (`--fsdp-backward-prefetch post`).
@@ -11,7 +13,7 @@ Both price attention as FlashAttention-2 at the preset's efficiency, although th
 30B large-scale runs) ran MPT's Triton flash attention, for which no Hopper figure is published.
 
 The report splits the runs by table and by activation checkpointing, because that is where dstk's error
-lives: checkpointed runs sit near ×1.0, runs without checkpointing ×1.1-1.3 optimistic (docs/cost-model.md).
+lives: checkpointed runs ×1.03-1.12 optimistic, runs without checkpointing ×1.1-1.3 (docs/cost-model.md).
 Each row also carries dstk's memory per GPU as a share of the GPU's, against which that gap does not line up.
 Nothing here is fitted; these rows are not in benchmarks/published_runs.py's groups but for nine.
 Usage: python benchmarks/published_foundry.py

@@ -146,7 +146,9 @@ RUNS = [
         380,
     ),
     # HF transformers models (eager RMSNorm/rotary, SDPA or FlashAttention-2 attention), the target `dstk train`
-    # runs. FSDP full sharding is priced as ZeRO-3 (the same gathers and reduce-scatters).
+    # runs. FSDP full sharding is priced as ZeRO-3 (the same gathers and reduce-scatters). These runs predate
+    # transformers 5: HF Trainer's gradient checkpointing was reentrant (use_reentrant=True unless
+    # gradient_checkpointing_kwargs said otherwise), which recomputes whole blocks: --no-recompute-early-stop.
     *(
         (
             f"HF Mistral-7B{' + fused kernels' if fused else ''}, FSDP, ckpt, 2 A100, b={b}",
@@ -154,7 +156,7 @@ RUNS = [
             + (": unsloth's fused RMSNorm, RoPE and loss" if fused else "")
             + "; FA2, seq 4096 packed, pure bf16)",
             f"--model mistral-7b --cluster dgx-a100-80g --gpus-per-node 2 --zero-stage 3 --micro-batch {b} "
-            f"--global-batch {2 * b} --recompute full --seq-length 4096"
+            f"--global-batch {2 * b} --recompute full --no-recompute-early-stop --seq-length 4096"
             + (" --fused-kernels --flash-attention" if fused else ""),
             "tok",
             tps,
@@ -171,7 +173,7 @@ RUNS = [
         "HF blog 'From DeepSpeed to FSDP and Back Again', Table 3 (3094.5 tok/s/device; seq 4096 from its 10.6 s "
         "step, checkpointing because 8 sequences would not fit without)",
         "--model llama-7b --cluster dgx-a100-80g --gpus-per-node 4 --zero-stage 3 --micro-batch 8 --global-batch 32 "
-        "--recompute full --seq-length 4096",
+        "--recompute full --no-recompute-early-stop --seq-length 4096",
         "tok",
         3094.5,
     ),
@@ -182,7 +184,7 @@ RUNS = [
             f"HF LLaMA-7B, DeepSpeed ZeRO-{z}, {'ckpt, ' if ckpt else ''}8 A800, b={b}",
             f"chenyaofo gist d4cd6a20 (Th.put {thput}, read as samples/s: {thput * 4096 / 8:.0f} tok/s/GPU)",
             f"--model llama-7b --cluster dgx-a100-80g --intra-node-gb-per-s 155 --zero-stage {z} --micro-batch {b} "
-            f"--global-batch 64 --recompute {'full' if ckpt else 'none'} --seq-length 4096",
+            f"--global-batch 64 --recompute {'full --no-recompute-early-stop' if ckpt else 'none'} --seq-length 4096",
             "tok",
             thput * 4096 / 8,
         )

@@ -824,6 +824,31 @@ CASES += [
         ["estimate", "--model", "tiny-gpt2", "--cluster", "cpu", "--seq-length", "100000"],
         r"^dstk estimate: error: --seq-length: 100000 exceeds max_position_embeddings\(128\)$",
     ),
+    # knobs that price other stacks' runs: the planner cannot honour them, so it refuses them
+    (
+        "plan-with-a-knob-it-does-not-plan",
+        ["plan", "--model", "llama-7b", "--cluster", "dgx-h100", "--comm-overlap"],
+        r"^dstk plan: error: --comm-overlap: the planner neither searches nor pins this knob; price a layout "
+        r"with it with dstk estimate$",
+    ),
+    (
+        "config-plan-with-fsdp-knobs",
+        [
+            "config",
+            "--plan",
+            "--model",
+            "llama-7b",
+            "--cluster",
+            "dgx-h100",
+            "--fsdp",
+            "bf16",
+            "--fsdp-backward-prefetch",
+            "post",
+            "-o",
+            "{out}",
+        ],
+        r"^dstk config: error: --fsdp, --fsdp-backward-prefetch: the planner neither searches nor pins these knobs",
+    ),
     # batch arithmetic: a pinned micro-batch that splits the global batch on no layout
     (
         "plan-micro-batch-that-divides-no-per-rank-batch",

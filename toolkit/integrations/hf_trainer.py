@@ -104,6 +104,9 @@ def hf_trainer_files(
     args["gradient_checkpointing"] = layout.recompute == "full"
     if layout.recompute == "full":
         args["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
+        if not layout.recompute_stops_early:
+            # what the layout was priced as: the whole block recomputed (checkpoint's argument since torch 2.9)
+            args["gradient_checkpointing_kwargs"]["early_stop"] = False
     if cluster.accelerator == "cpu":
         args["use_cpu"] = True
     return out, args

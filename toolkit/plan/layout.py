@@ -51,6 +51,7 @@ LAYOUT_FLAGS: dict[str, str] = {
     "gradient_accumulation_steps": "--grad-accum",
     "recompute": "--recompute",
     "recompute_every": "--recompute-every",
+    "recompute_early_stop": "--recompute-early-stop",
     "offload_optimizer": "--offload-optimizer",
     "offload_param": "--offload-param",
     "offload_activations": "--offload-activations",
@@ -97,6 +98,18 @@ class LayoutRequest(BaseModel):
     (torchtitan's `selective_ac_option = K`, fms-fsdp's `selective_checkpointing = K` before 2024-03-21:
     `count % K == 0` in both); `dstk estimate` only, for published runs — DeepSpeed and Megatron checkpoint
     every block. Unset: every block."""
+    recompute_early_stop: bool | None = None
+    """With --recompute full: the checkpoint stops recomputing a block once every tensor its backward needs is
+    back, so each block's last linear layer (the MLP's down projection; its output only feeds the residual
+    add) is not recomputed. PyTorch's non-reentrant checkpoint does this by default since 2.1 (pytorch#96866:
+    the pack hook that holds the last saved tensor — an input of that GEMM, saved before the kernel runs —
+    stops the recomputation), and it is what HF models (transformers 5), llm-foundry, torchtitan until 2025-08
+    and fms-fsdp run. Not with dropout after that layer (its mask is saved after the GEMM), MoE blocks (the
+    router weights multiply the experts' output), LoRA, or torchao's Float8Linear (an autograd.Function
+    saves after its GEMM). Off: reentrant checkpoints (Megatron's, DeepSpeed's, HF transformers 4's default)
+    recompute the whole block. Unset: on for PyTorch runtimes — dstk train's HF modules (not --fused-kernels)
+    and --fsdp — except with --pp or --offload-activations, which checkpoint through DeepSpeed's reentrant
+    function; off for the fused stacks (--fused-kernels without --fsdp: Megatron, NeMo)."""
     offload_optimizer: OffloadDevice = "none"
     """Where ZeRO keeps optimizer states (ZeRO-Offload / ZeRO-Infinity)."""
     offload_param: OffloadDevice = "none"
@@ -192,6 +205,17 @@ class Layout(LayoutRequest):
         if self.precision != "fp8":
             return None
         return "delayed" if self.fused_kernels else "tensorwise"
+
+    @property
+    def recompute_stops_early(self) -> bool:
+        """Whether full recomputation leaves out each block's last linear layer (`recompute_early_stop`,
+        resolved; the model-side exceptions are the cost model's: toolkit.plan.cost.compute.early_stop_skips)."""
+        if self.recompute != "full":
+            return False
+        if self.recompute_early_stop is not None:
+            return self.recompute_early_stop
+        pytorch = self.fsdp is not None or not self.fused_kernels
+        return pytorch and self.pp == 1 and not self.offload_activations
 
     @property
     def model_parallel(self) -> int:

@@ -164,6 +164,7 @@ class _Search:
                             sp=sp,
                             ep=ep,
                             recompute=recompute,
+                            recompute_early_stop=q.recompute_early_stop if recompute == "full" else None,
                             offload_optimizer=off_opt,
                             offload_param=off_param,
                             offload_activations=act_off,

@@ -50,6 +50,8 @@ class PlanQuery(BaseModel):
     ep: int | None = Field(default=None, gt=0)
     micro_batch_size: int | None = Field(default=None, gt=0)
     recompute: Recompute | None = None
+    recompute_early_stop: bool | None = None
+    """None: what the runtime's checkpoint does (Layout.recompute_stops_early)."""
     offload_optimizer: OffloadDevice | None = None
     offload_param: OffloadDevice | None = None
     offload_activations: bool | None = None
@@ -96,8 +98,21 @@ class PlanQuery(BaseModel):
 
         `gradient_accumulation_steps` is not a dimension of the search: the planner derives it from the
         global batch, the micro-batch and the data-parallel degree of each layout it tries."""
+        from toolkit.plan.layout import LAYOUT_FLAGS
+
         pins = request.model_dump(exclude_unset=True)
         pins.pop("gradient_accumulation_steps", None)
+        # knobs that price other stacks' published runs (FSDP, Megatron-Core's overlap, interleaving, block-
+        # interval checkpointing): the planner neither searches nor keeps them, so a pin would be dropped
+        unplanned = [
+            LAYOUT_FLAGS.get(k, k) for k, v in pins.items() if v is not None and k not in cls.model_fields
+        ]
+        if unplanned:
+            raise UserError(
+                f"{', '.join(unplanned)}: the planner neither searches nor pins "
+                f"{'this knob' if len(unplanned) == 1 else 'these knobs'}; price a layout with "
+                f"{'it' if len(unplanned) == 1 else 'them'} with dstk estimate"
+            )
         return cls(**{k: v for k, v in pins.items() if v is not None}, **search)
 
     def pins(self) -> dict[str, Any]:

@@ -16,6 +16,14 @@ from toolkit.plan import fp8_support
 from toolkit.plan.architectures import supporting
 from toolkit.plan.cost.activations import runtime_flash_attention
 from toolkit.plan.layout import Layout, LayoutRequest, batch_arithmetic, data_parallel_size, default_precision
+from toolkit.plan.recomputation import (
+    early_stop_is_torch_checkpoint,
+    early_stop_needs_full,
+    megatron_recomputes_whole_layers,
+    offload_activations_needs_full,
+    recompute_every_needs_full,
+    recompute_every_runtime_only,
+)
 from toolkit.plan.sequence_parallel import (
     sp_architecture,
     sp_dense_data_parallel,
@@ -88,14 +96,6 @@ def _nvme_optimizer_needs_zero3(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, 
 def _nvme_present(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
     if "nvme" in (r.offload_optimizer, r.offload_param) and c.nvme_gib <= 0:
         return f"--offload-*: nvme offload needs local NVMe, but cluster {c.name} has nvme_gib=0"
-    return None
-
-
-def _offload_activations_needs_full(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
-    """cpu_checkpointing moves what `deepspeed.checkpointing.checkpoint` keeps: the block inputs of full
-    recomputation; without it there is nothing to move."""
-    if r.offload_activations and r.recompute != "full":
-        return f"--offload-activations: needs --recompute full (got {r.recompute}); it offloads the checkpointed block inputs"
     return None
 
 
@@ -279,20 +279,6 @@ def _backward_prefetch_needs_fsdp(m: ModelSpec, c: ClusterSpec, r: LayoutRequest
     return None
 
 
-def _recompute_every_needs_full(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
-    """Checkpointing every K-th block is a thinning of full recomputation."""
-    if r.recompute_every is not None and r.recompute != "full":
-        return f"--recompute-every: checkpoints every K-th block of --recompute full, not --recompute {r.recompute}"
-    return None
-
-
-def _recompute_every_runtime_only(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
-    """Block-interval checkpointing is a runtime dstk prices (torchtitan, fms-fsdp) but does not configure."""
-    if r.recompute_every is not None and r.recompute_every > 1:
-        return "--recompute-every: torchtitan's and fms-fsdp's block-interval checkpointing; DeepSpeed and Megatron checkpoint every block"
-    return None
-
-
 def _pytorch_fsdp_only(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
     """PyTorch FSDP is a runtime dstk prices (published FSDP runs, `dstk estimate`) but does not configure."""
     if r.fsdp is not None:
@@ -309,7 +295,7 @@ RULES: tuple[Rule, ...] = (
     Rule("optimizer_offload_needs_zero", _optimizer_offload_needs_zero),
     Rule("nvme_optimizer_needs_zero3", _nvme_optimizer_needs_zero3),
     Rule("nvme_needs_local_nvme", _nvme_present),
-    Rule("offload_activations_needs_full_recompute", _offload_activations_needs_full),
+    Rule("offload_activations_needs_full_recompute", offload_activations_needs_full),
     Rule("precision_supported", _precision_supported),
     Rule("fp8_needs_hopper_or_ada", fp8_support.needs_fp8_tensor_cores),
     Rule("onebit_needs_zero0", _onebit_needs_zero0),
@@ -329,8 +315,11 @@ RULES: tuple[Rule, ...] = (
     Rule("fsdp_shards_as_zero2_or_3", _fsdp_shards_as_zero),
     Rule("pytorch_fsdp_runtime_only", _pytorch_fsdp_only, scope="runs"),
     Rule("backward_prefetch_needs_fsdp", _backward_prefetch_needs_fsdp),
-    Rule("recompute_every_needs_full", _recompute_every_needs_full),
-    Rule("recompute_every_runtime_only", _recompute_every_runtime_only, scope="runs"),
+    Rule("recompute_every_needs_full", recompute_every_needs_full),
+    Rule("recompute_every_runtime_only", recompute_every_runtime_only, scope="runs"),
+    Rule("early_stop_needs_full_recompute", early_stop_needs_full),
+    Rule("early_stop_is_torch_checkpoint", early_stop_is_torch_checkpoint, scope="deepspeed"),
+    Rule("megatron_recomputes_whole_layers", megatron_recomputes_whole_layers, scope="megatron"),
     Rule("lora_targets_exist", _lora_targets),
     Rule("lora_is_data_parallel", _lora_data_parallel, scope="deepspeed"),
     Rule("fp8_converts_hf_linear_layers", _cluster_free(fp8_support.torchao_converts), scope="deepspeed"),

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.errors import UserError
+from toolkit.plan.layout import Layout
 from toolkit.plan.specs import ModelSpec
 from toolkit.run.loop_state import TrainRun
 
@@ -52,14 +53,28 @@ def _moe(model: Any, spec: ModelSpec, layout: Any) -> tuple[Any, Any]:
     return aux, optimizer_groups(model)
 
 
-def _recompute_blocks(model: Any, offload: bool) -> None:
-    """Full recomputation of the HF blocks: torch's checkpoint, or DeepSpeed's when the checkpointed block
-    inputs go to host memory (`cpu_checkpointing` is read only by `deepspeed.checkpointing.checkpoint`).
+def _whole_block_checkpoint(function: Any, *args: Any, **kwargs: Any) -> Any:
+    """torch's non-reentrant checkpoint recomputing the whole block (--no-recompute-early-stop); the context
+    manager, unlike checkpoint's `early_stop` argument (torch 2.9), exists in every torch dstk supports."""
+    import torch.utils.checkpoint as ckpt
+
+    with ckpt.set_checkpoint_early_stop(False):
+        return ckpt.checkpoint(function, *args, use_reentrant=False, **kwargs)
+
+
+def _recompute_blocks(model: Any, layout: Layout) -> None:
+    """Full recomputation of the HF blocks: torch's non-reentrant checkpoint, stopping early (before each
+    block's last linear layer) or not as the layout was priced (Layout.recompute_stops_early), or DeepSpeed's
+    when the checkpointed block inputs go to host memory (`cpu_checkpointing` is read only by
+    `deepspeed.checkpointing.checkpoint`).
     transformers 5 passes `gradient_checkpointing_kwargs` to torch's function and has no public way to pass
     another, hence its `_set_gradient_checkpointing`; DeepSpeed's reentrant checkpoint needs an input that
     requires grad, which `enable_input_require_grads` gives the first block."""
-    if not offload:
+    if not layout.offload_activations and layout.recompute_stops_early:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return
+    if not layout.offload_activations:
+        model._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=_whole_block_checkpoint)
         return
     import deepspeed
 
@@ -225,7 +240,7 @@ def main(run: TrainRun) -> dict[str, Any]:
         if layout.pp > 1:
             model, params = _pipeline(model, run.model, layout, run.config)
         elif layout.recompute == "full":
-            _recompute_blocks(model, layout.offload_activations)
+            _recompute_blocks(model, layout)
         # DeepSpeed-Ulysses: SDPA replaced by its all-to-all attention; its groups are the engine's mpu
         mpu = ulysses.register(model, layout) if layout.sp > 1 else None
         ckpt = _tiers(run, rt.rank)

@@ -267,6 +267,18 @@ def attention_core_s(
     return 2 * bmm + (softmax + dropout) / hbm
 
 
+def early_stop_skips(model: ModelSpec, frozen: bool = False, fp8_recipe: str | None = None) -> bool:
+    """Whether a non-reentrant checkpoint that stops early (Layout.recompute_stops_early) leaves a dense
+    block's last linear layer out of its recomputation. Autograd saves an op's inputs before it runs the
+    kernel, and the pack hook that receives the forward's last saved tensor stops the recomputation there
+    (torch.utils.checkpoint, `_StopRecomputationError`): in a pre-norm block that is the down projection's
+    input, so its GEMM never runs again; the residual add after it saves nothing. Not where something after
+    that GEMM saves a tensor: hidden dropout (its mask), a LoRA adapter on the projection (its input; priced
+    as whole recomputation for any LoRA layout, whatever its targets), or torchao's Float8Linear, an autograd.Function whose tensors are saved after its forward (and its GEMM)
+    returns. tests/test_recompute_early_stop.py counts the GEMMs of HF models' backward to check this."""
+    return not model.dropout and not frozen and fp8_recipe != "tensorwise"
+
+
 def stage_compute(
     model: ModelSpec,
     pc: ParamCount,
@@ -288,6 +300,7 @@ def stage_compute(
     ep: int = 1,
     fp8: Fp8Gemms | None = None,
     recompute_every: int = 1,
+    early_stop: bool = False,
 ) -> StageCompute:
     """Forward, backward and recomputation seconds of one micro-batch on one rank of a pipeline stage.
 
@@ -298,7 +311,9 @@ def stage_compute(
     decoder layer, llm-foundry's `activation_checkpointing_fn` each MPTBlock, DeepSpeed's checkpointing the
     layers it wraps), and Narayanan et al. 2021's hardware-FLOPs formula (eq. 3) counts the logit layer three
     times, not four. Selective repeats the attention core; full with `recompute_every` K > 1 repeats the
-    forward of the stage's blocks whose count is a multiple of K (blocks // K of them).
+    forward of the stage's blocks whose count is a multiple of K (blocks // K of them). With `early_stop`
+    (Layout.recompute_stops_early) the dense blocks' last linear layer is not recomputed, where
+    `early_stop_skips` says the checkpoint can stop before it.
     """
     tokens = micro_batch * model.seq_length
     common = dict(
@@ -330,6 +345,14 @@ def stage_compute(
         fwd, bwd = fwd + head, bwd + (1 if frozen else 2) * head
     blocks = dense_layers + moe_layers
     blocks_fwd = fwd - (head if last else 0.0)
+    if (
+        early_stop
+        and recompute == "full"
+        and dense_layers
+        and early_stop_skips(model, frozen, fp8 and fp8.recipe)
+    ):
+        tail = block_linears(model, tokens / sp, tp, False, ep)[-1]
+        blocks_fwd -= dense_layers * _linear_s(tail, e, peak, cluster, fp8)
     recompute_s = blocks_fwd if recompute == "full" else attention_fwd if recompute == "selective" else 0.0
     if recompute == "full" and recompute_every > 1 and blocks:
         recompute_s = blocks_fwd * (blocks // recompute_every) / blocks

@@ -15,7 +15,7 @@ from typing import Any
 
 from toolkit.plan.checkpoint_interval import CheckpointPlan, checkpoint_plan
 from toolkit.plan.cost import activations as act
-from toolkit.plan.cost.compute import block_linears, slowed_by_collectives, stage_compute
+from toolkit.plan.cost.compute import block_linears, early_stop_skips, slowed_by_collectives, stage_compute
 from toolkit.plan.cost.flops import hardware_flops_per_token, model_flops_per_token, model_tflops_per_gpu
 from toolkit.plan.cost.fp8 import cast_transient_bytes, fp8_gemms, weight_copies_bytes
 from toolkit.plan.cost.memory import GIB, HOST_USABLE, Memory, rank_params, stage_memory
@@ -97,8 +97,14 @@ class Estimate:
     @property
     def hardware_flops_per_token(self) -> float:
         """Model FLOPs per token plus what this layout computes again (recomputation, expert padding)."""
+        layout = self.layout
         return hardware_flops_per_token(
-            self.model, self.layout.recompute, self.layout.lora is not None, self.layout.recompute_every or 1
+            self.model,
+            layout.recompute,
+            layout.lora is not None,
+            layout.recompute_every or 1,
+            layout.recompute_stops_early
+            and early_stop_skips(self.model, layout.lora is not None, layout.fp8_recipe),
         )
 
     @property
@@ -373,6 +379,7 @@ def estimate(
             last=last,
             recompute=layout.recompute,
             recompute_every=layout.recompute_every or 1,
+            early_stop=layout.recompute_stops_early,
             flash=act.flash_attention(model, layout),
             sequence_parallel=layout.tp_sequence_parallel,
             frozen=layout.lora is not None,

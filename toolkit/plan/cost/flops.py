@@ -54,7 +54,7 @@ def model_tflops_per_gpu(
 
 
 def hardware_flops_per_token(
-    model: ModelSpec, recompute: str, frozen: bool = False, recompute_every: int = 1
+    model: ModelSpec, recompute: str, frozen: bool = False, recompute_every: int = 1, early_stop: bool = False
 ) -> float:
     """FLOPs the accelerators execute per token: model FLOPs, plus expert capacity padding and recomputation.
 
@@ -62,7 +62,9 @@ def hardware_flops_per_token(
     tokens, which the model FLOPs still count). Full recomputation repeats the blocks' forward, padding included
     (of n_layers // recompute_every blocks when only every K-th is checkpointed), not the LM head's (runtimes
     checkpoint block by block; Narayanan et al. 2021, eq. 3, counts the logit layer 3 times: 96·B·s·l·h²·(1 +
-    s/6h + V/16lh)); selective recomputation repeats the attention core.
+    s/6h + V/16lh)); `early_stop` (a checkpoint that stops before each dense block's last linear layer,
+    toolkit.plan.cost.compute.early_stop_skips) leaves that layer's 2·ffn·h per token out of it; selective
+    recomputation repeats the attention core.
     """
     pc = count_params(model)
     padding = pc.n_moe_layers * pc.moe_top_k * pc.expert * max(0.0, model.moe_capacity_factor - 1)
@@ -71,7 +73,9 @@ def hardware_flops_per_token(
     if recompute == "full":
         share = (model.n_layers // recompute_every) / model.n_layers if recompute_every > 1 else 1.0
         head = pc.lm_head or pc.word_embedding  # the LM head's matrix (a tied one is the embedding's)
-        total += share * (2 * (matmul_params(model) - head + padding) + attention_forward)
+        skipped = pc.n_dense_layers if early_stop else 0
+        tail = skipped * model.ffn_hidden_size * model.hidden_size  # each dense block's down projection
+        total += share * (2 * (matmul_params(model) - head + padding - tail) + attention_forward)
     elif recompute == "selective":
         total += attention_forward
     return total

@@ -1,0 +1,64 @@
+"""Activation recomputation: how each runtime checkpoints a block, and the rules that say what a layout's
+recomputation flags can mean.
+
+Full recomputation keeps each block's input and replays its forward in backward. Runtimes differ in what the
+replay runs: DeepSpeed's and Megatron's checkpoints are reentrant and replay the whole block; PyTorch's
+non-reentrant checkpoint (HF transformers 5, FSDP's checkpoint wrapper) stops once the tensors backward needs
+are back (Layout.recompute_stops_early; the cost side is toolkit.plan.cost.compute.early_stop_skips).
+"""
+
+from __future__ import annotations
+
+from toolkit.plan.layout import LayoutRequest
+from toolkit.plan.specs import ClusterSpec, ModelSpec
+
+
+def offload_activations_needs_full(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """cpu_checkpointing moves what `deepspeed.checkpointing.checkpoint` keeps: the block inputs of full
+    recomputation; without it there is nothing to move."""
+    if r.offload_activations and r.recompute != "full":
+        return f"--offload-activations: needs --recompute full (got {r.recompute}); it offloads the checkpointed block inputs"
+    return None
+
+
+def recompute_every_needs_full(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """Checkpointing every K-th block is a thinning of full recomputation."""
+    if r.recompute_every is not None and r.recompute != "full":
+        return f"--recompute-every: checkpoints every K-th block of --recompute full, not --recompute {r.recompute}"
+    return None
+
+
+def recompute_every_runtime_only(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """Block-interval checkpointing is a runtime dstk prices (torchtitan, fms-fsdp) but does not configure."""
+    if r.recompute_every is not None and r.recompute_every > 1:
+        return "--recompute-every: torchtitan's and fms-fsdp's block-interval checkpointing; DeepSpeed and Megatron checkpoint every block"
+    return None
+
+
+def early_stop_needs_full(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """Early stop says how full recomputation's checkpoint ends a block; nothing else checkpoints blocks."""
+    if r.recompute_early_stop is not None and r.recompute != "full":
+        flag = "--recompute-early-stop" if r.recompute_early_stop else "--no-recompute-early-stop"
+        return f"{flag}: says where --recompute full's checkpoint stops recomputing a block, not --recompute {r.recompute}"
+    return None
+
+
+def early_stop_is_torch_checkpoint(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """dstk train checkpoints pipeline stages (DeepSpeed's PipelineModule, `activation_checkpoint_interval`)
+    and offloaded block inputs (`cpu_checkpointing`, read only by `deepspeed.checkpointing.checkpoint`) with
+    DeepSpeed's reentrant checkpoint, which always recomputes the whole block."""
+    if r.recompute_early_stop and (r.pp > 1 or r.offload_activations):
+        why = "--pp" if r.pp > 1 else "--offload-activations"
+        return (
+            f"--recompute-early-stop: with {why} dstk train checkpoints through DeepSpeed's reentrant checkpoint, "
+            "which recomputes whole blocks; drop the flag"
+        )
+    return None
+
+
+def megatron_recomputes_whole_layers(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """Megatron-DeepSpeed checkpoints layers with its own reentrant CheckpointFunction
+    (megatron/core/tensor_parallel/random.py) or DeepSpeed's: both replay the whole layer."""
+    if r.recompute_early_stop:
+        return "--recompute-early-stop: Megatron-DeepSpeed's checkpoint is reentrant and recomputes whole layers; drop the flag"
+    return None
