@@ -487,7 +487,11 @@ HOPPER_RUNS: list[tuple[str, str, str, str, float, str]] = [
     # (fms_fsdp/policies/ac_handler.py), not Megatron's attention-core recomputation; the 13B run's k is not
     # published, but the README's MFU column, taken with PyTorch's FLOP counter (which counts recomputation: the
     # fully checkpointed 70B reads 0.45 where 6N + attention gives 0.36), reads 0.40 for 13B where 6N + attention
-    # gives 0.34: ~0.54 of a forward recomputed, every 2nd block [derived]
+    # gives 0.34: ~0.54 of a forward recomputed, every 2nd block [derived]. The 70B's ratio, 1.25 (1.22-1.28
+    # within the MFUs' rounding), is what its non-reentrant checkpoint's early stop executes: dstk's hardware
+    # FLOPs over model FLOPs read 1.248 with the down projections left out, 1.332 replaying whole blocks. For
+    # the 13B, every 2nd block with early stop reads 1.132, whole blocks 1.165, every block 1.265 (1.145-1.209
+    # published): k = 2 stays the nearest integer
     *(
         (
             f"IBM fms-fsdp Llama 2 {name}, 96 H100",

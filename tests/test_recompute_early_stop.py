@@ -154,3 +154,24 @@ def test_plan_keeps_a_pinned_early_stop_and_prices_megatron_plans_whole() -> Non
     assert not chosen(recompute_early_stop=False).recompute_stops_early
     megatron = chosen(scopes=("layout", "megatron"))
     assert megatron.fused_kernels and not megatron.recompute_stops_early
+
+
+def test_early_stop_skips_the_down_projections_tp_all_reduce() -> None:
+    """Under AutoTP the row-parallel down projection all-reduces its output right after its GEMM: a replay
+    that stops before that GEMM issues 5 of the block's 6 all-reduces, one fewer per block."""
+    from toolkit.plan.cost import comm
+    from toolkit.plan.cost.timing import _groups
+
+    model, cluster = load_model("llama-7b"), load_cluster("dgx-h100")
+
+    def tp_comm(stop: bool) -> tuple[float, Layout]:
+        request = LayoutRequest(tp=2, recompute="full", micro_batch_size=2, recompute_early_stop=stop)
+        est = estimate(model, cluster, resolve_layout(model, cluster, request))
+        return est.time.model_parallel_comm_s, est.layout
+
+    whole, layout = tp_comm(False)
+    early, _ = tp_comm(True)
+    tokens = layout.micro_batch_size * model.seq_length
+    one = comm.all_reduce_s(tokens * model.hidden_size * 2, _groups(layout, cluster)["tp"], cluster)
+    per_micro = (whole - early) / layout.gradient_accumulation_steps
+    assert per_micro == pytest.approx(model.n_layers * one)

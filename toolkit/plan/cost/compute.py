@@ -272,9 +272,10 @@ def early_stop_skips(model: ModelSpec, frozen: bool = False, fp8_recipe: str | N
     block's last linear layer out of its recomputation. Autograd saves an op's inputs before it runs the
     kernel, and the pack hook that receives the forward's last saved tensor stops the recomputation there
     (torch.utils.checkpoint, `_StopRecomputationError`): in a pre-norm block that is the down projection's
-    input, so its GEMM never runs again; the residual add after it saves nothing. Not where something after
-    that GEMM saves a tensor: hidden dropout (its mask), a LoRA adapter on the projection (its input; priced
-    as whole recomputation for any LoRA layout, whatever its targets), or torchao's Float8Linear, an autograd.Function whose tensors are saved after its forward (and its GEMM)
+    input, so its GEMM (and a TP all-reduce after it) never runs again; the residual add after it saves
+    nothing. Not where something after that GEMM saves a tensor: hidden dropout (its mask), a LoRA adapter
+    on the projection (its input; any LoRA layout is priced as whole recomputation, whatever its targets),
+    or torchao's Float8Linear, an autograd.Function whose tensors are saved after its forward (and its GEMM)
     returns. tests/test_recompute_early_stop.py counts the GEMMs of HF models' backward to check this."""
     return not model.dropout and not frozen and fp8_recipe != "tensorwise"
 

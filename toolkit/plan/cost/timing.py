@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from toolkit.plan.cost import activations as act
 from toolkit.plan.cost import comm
-from toolkit.plan.cost.compute import StageCompute, block_linears
+from toolkit.plan.cost.compute import StageCompute, block_linears, early_stop_skips
 from toolkit.plan.cost.fp8 import amax_bytes
 from toolkit.plan.layout import Layout
 from toolkit.plan.specs import ClusterSpec, ModelSpec
@@ -144,13 +144,18 @@ def _micro_comm_s(model: ModelSpec, cluster: ClusterSpec, layout: Layout, load: 
 
 
 def _tp_comm_s(model: ModelSpec, cluster: ClusterSpec, layout: Layout, load: StageLoad, e: int) -> float:
-    """Tensor-parallel all-reduces of one micro-batch on one rank (4 per block, 6 with full recomputation;
-    with sequence parallelism the same bytes as reduce-scatter + all-gather pairs)."""
+    """Tensor-parallel all-reduces of one micro-batch on one rank (4 per block, 6 with full recomputation, 5
+    when the checkpoint stops before the down projection, whose all-reduce follows its GEMM; with sequence
+    parallelism the same bytes as reduce-scatter + all-gather pairs)."""
     if layout.tp == 1:
         return 0.0
     tokens = layout.micro_batch_size * model.seq_length / layout.sp
     rebuilt = load.n_blocks // (layout.recompute_every or 1) if layout.recompute == "full" else 0
-    calls = 4 * load.n_blocks + 2 * rebuilt
+    stops = layout.recompute_stops_early and early_stop_skips(
+        model, layout.lora is not None, layout.fp8_recipe
+    )
+    dense_rebuilt = rebuilt * (load.n_blocks - load.n_moe_blocks) // max(load.n_blocks, 1)
+    calls = 4 * load.n_blocks + 2 * rebuilt - (dense_rebuilt if stops else 0)
     return calls * comm.all_reduce_s(tokens * model.hidden_size * e, _groups(layout, cluster)["tp"], cluster)
 
 
