@@ -594,11 +594,24 @@ STEPS = 4
 
 @pytest.mark.multiprocess
 def test_hf_trainer_on_two_cpu_ranks_runs_the_plan(tmp_path) -> None:
-    """The real Trainer, 2 gloo ranks, ZeRO-3 bf16 with accumulation: the config it resolved is the plan, key
-    for key, and the engine it built runs the plan's batch, clipping, optimizer, schedule and precision."""
+    """The real Trainer, 2 gloo ranks, ZeRO-3 bf16 with accumulation and full recomputation: the config it
+    resolved is the plan, key for key, and the engine it built runs the plan's batch, clipping, optimizer,
+    schedule and precision; its blocks checkpoint through the reentrant function the layout was priced for
+    (ZeRO-3 replays whole blocks)."""
     from tests.distributed import run_script
 
-    flags = ["--model", TINY, "--cluster", "cpu", "--zero-stage", "3", "--precision", "bf16"]
+    flags = [
+        "--model",
+        TINY,
+        "--cluster",
+        "cpu",
+        "--zero-stage",
+        "3",
+        "--precision",
+        "bf16",
+        "--recompute",
+        "full",
+    ]
     flags += ["--micro-batch", "2", "--global-batch", "8", "--lr", "1e-3", "--train-steps", str(STEPS)]
     flags += ["--warmup-steps", "2", "--log-dir", str(tmp_path / "logs")]
     plan = generate(tmp_path / "plan.json", *flags)
@@ -632,6 +645,7 @@ def test_hf_trainer_on_two_cpu_ranks_runs_the_plan(tmp_path) -> None:
         "warmup_num_steps": sched["warmup_num_steps"],
         "global_steps": STEPS,
     }
+    assert got["checkpointing"] == {"enabled": True, "kwargs": {"use_reentrant": True}}
 
 
 def _trainer_main(ds_path: str, args_path: str, result_path: str) -> None:
@@ -683,6 +697,10 @@ def _trainer_main(ds_path: str, args_path: str, result_path: str) -> None:
             "total_num_steps": engine.lr_scheduler.total_num_steps,
             "warmup_num_steps": engine.lr_scheduler.warmup_num_steps,
             "global_steps": engine.global_steps,
+        },
+        "checkpointing": {
+            "enabled": model.is_gradient_checkpointing,
+            "kwargs": args.gradient_checkpointing_kwargs,
         },
     }
     if torch.distributed.get_rank() == 0:

@@ -25,11 +25,16 @@ def _layout(**fields: object) -> Layout:
     return Layout(**{**base, **fields})
 
 
-def _backward_gemms(spec: ModelSpec, layout: Layout | None) -> tuple[int, int]:
+def _backward_gemms(spec: ModelSpec, layout: Layout | None, linear: str = "torch") -> tuple[int, int]:
     """GEMM kernels autograd dispatches during one backward of the HF model built from `spec` (2 tokens × 8),
     recomputation included, with dstk train's checkpointing for `layout` (None: no checkpointing); and the
-    linear layers (nn.Linear, GPT-2's Conv1D) of one block, what a whole replay runs."""
+    linear layers (nn.Linear, GPT-2's Conv1D) of one block, what a whole replay runs. `linear`: torch's own,
+    "zero3" (DeepSpeed's LinearFunctionForZeroStage3, which zero.Init puts in place of F.linear) or "float8"
+    (torchao's Float8Linear as dstk train converts the model, emulated on the CPU)."""
+    import contextlib
+
     import torch
+    import torch.nn.functional as F
     from torch.utils._python_dispatch import TorchDispatchMode
     from transformers import AutoModelForCausalLM
 
@@ -44,18 +49,37 @@ def _backward_gemms(spec: ModelSpec, layout: Layout | None) -> tuple[int, int]:
                 self.n += 1
             return func(*args, **(kwargs or {}))
 
+    @contextlib.contextmanager
+    def linear_as(kind: str):
+        if kind != "zero3":
+            yield
+            return
+        from deepspeed.runtime.zero.linear import zero3_linear_wrap
+
+        torch_linear, F.linear = F.linear, zero3_linear_wrap
+        try:
+            yield
+        finally:
+            F.linear = torch_linear
+
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(hf_config(spec), dtype=torch.float32)
     model.train()
+    if linear == "float8":
+        from toolkit.run.fp8 import convert
+
+        convert(model, emulate=True)
     if layout is not None:
         _recompute_blocks(model, layout)
-    x = torch.randint(0, spec.vocab_size, (2, 8))
-    loss = model(input_ids=x, labels=x).loss
+    x = torch.randint(0, spec.vocab_size, (2, 16))
     count = Count()
-    with count:
-        loss.backward()
+    with linear_as(linear):
+        loss = model(input_ids=x, labels=x).loss
+        with count:
+            loss.backward()
     head = model.get_output_embeddings()
-    linears = [m for m in model.modules() if type(m).__name__ in ("Linear", "Conv1D") and m is not head]
+    kinds = ("Linear", "Conv1D", "Float8Linear")
+    linears = [m for m in model.modules() if type(m).__name__ in kinds and m is not head]
     return count.n, len(linears) // spec.n_layers
 
 
@@ -75,6 +99,23 @@ def test_recomputation_skips_the_last_linear_exactly_where_the_model_says(preset
     skipped = spec.n_layers if early_stop_skips(spec) else 0
     assert early - plain == spec.n_layers * per_block - skipped
     assert early_stop_skips(spec) is not dropout
+
+
+@pytest.mark.parametrize("linear", ["zero3", "float8"])
+def test_a_linear_that_saves_after_its_gemm_is_replayed_whole(linear: str) -> None:
+    """DeepSpeed ZeRO-3's memory-efficient linear and torchao's Float8Linear are autograd.Functions: they save
+    their inputs after the GEMM ran, so early stop leaves nothing out — and the model prices them so (ZeRO-3's
+    default resolves to whole blocks; fp8 in dstk train is torchao's tensorwise recipe)."""
+    spec = load_model("tiny-llama")
+    plain, per_block = _backward_gemms(spec, None, linear)
+    early, _ = _backward_gemms(spec, _layout(recompute="full"), linear)
+    whole, _ = _backward_gemms(spec, _layout(recompute="full", recompute_early_stop=False), linear)
+    assert early == whole == plain + spec.n_layers * per_block
+    if linear == "zero3":
+        assert not _layout(recompute="full", zero_stage=3).recompute_stops_early
+    else:
+        fp8 = _layout(recompute="full", precision="fp8")
+        assert fp8.recompute_stops_early and not early_stop_skips(spec, fp8_recipe=fp8.fp8_recipe)
 
 
 def test_early_stop_prices_one_linear_less_per_block() -> None:
@@ -108,10 +149,58 @@ def test_early_stop_prices_one_linear_less_per_block() -> None:
         (dict(recompute="full", offload_activations=True), False),  # deepspeed.checkpointing
         (dict(recompute="selective"), False),
         (dict(recompute="full", recompute_early_stop=False), False),
+        (dict(recompute="full", zero_stage=3), False),  # DeepSpeed's memory-efficient linear
+        (dict(recompute="full", zero_stage=3, fsdp="bf16"), True),  # FSDP keeps torch's linear
     ],
 )
 def test_early_stop_default_follows_the_runtime(request_fields: dict, expected: bool) -> None:
     assert _layout(**request_fields).recompute_stops_early is expected
+
+
+def test_megatron_target_replays_whole_layers_fused_or_not() -> None:
+    """--target megatron resolves unset early stop to off even with eager kernels (its checkpoint is its own
+    reentrant function); the DeepSpeed target keeps the PyTorch default."""
+    model, cluster = load_model("llama-7b"), load_cluster("dgx-h100")
+    request = LayoutRequest(recompute="full", fused_kernels=False, zero_stage=1)
+    assert not resolve_layout(model, cluster, request, ("layout", "megatron")).recompute_stops_early
+    assert resolve_layout(model, cluster, request, ("layout", "deepspeed")).recompute_stops_early
+
+
+def test_hf_trainer_checkpoints_as_priced() -> None:
+    """--hf-trainer's gradient_checkpointing_kwargs: non-reentrant where the layout stops early, reentrant
+    (whole blocks, in every torch dstk supports) where it does not."""
+    from toolkit.integrations.hf_trainer import hf_trainer_files
+
+    cluster = load_cluster("dgx-h100")
+    for fields, reentrant in ((dict(), False), (dict(recompute_early_stop=False), True)):
+        layout = _layout(recompute="full", zero_stage=1, precision="bf16", **fields)
+        _, args = hf_trainer_files(
+            {"bf16": {"enabled": True}, "train_micro_batch_size_per_gpu": 1}, cluster, layout
+        )
+        assert args["gradient_checkpointing"] is True
+        assert args["gradient_checkpointing_kwargs"] == {"use_reentrant": reentrant}
+
+
+def test_a_hand_written_configs_checkpointing_is_deepspeeds_reentrant_one() -> None:
+    """A DeepSpeed config without dstk's block: its activation_checkpointing section is read by
+    deepspeed.checkpointing.checkpoint, which replays whole blocks."""
+    from toolkit.integrations.ds_layout import layout_from_config
+
+    cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+           "activation_checkpointing": {"partition_activations": False}}  # fmt: skip
+    layout = layout_from_config(cfg, 2)
+    assert layout.recompute == "full" and not layout.recompute_stops_early
+
+
+def test_grow_replan_keeps_on_off_layout_flags_without_eating_the_next() -> None:
+    from toolkit.plan.progressive import _layout_flags
+
+    flags = ["--recompute", "full", "--no-recompute-early-stop", "--offload-activations", "--global-batch", "16",
+             "--lr", "1e-4", "--recompute-early-stop", "--micro-batch=2"]  # fmt: skip
+    assert _layout_flags(flags) == [
+        "--recompute", "full", "--no-recompute-early-stop", "--offload-activations", "--global-batch", "16",
+        "--recompute-early-stop", "--micro-batch=2",
+    ]  # fmt: skip
 
 
 def test_early_stop_rules() -> None:
@@ -146,7 +235,7 @@ def test_plan_keeps_a_pinned_early_stop_and_prices_megatron_plans_whole() -> Non
     model, cluster = load_model("llama-7b"), load_cluster("dgx-h100")
 
     def chosen(**query: object) -> Layout:
-        result = plan(model, cluster, PlanQuery(recompute="full", **query))
+        result = plan(model, cluster, PlanQuery(recompute="full", zero_stage=1, **query))
         assert result is not None
         return result.best.estimate.layout
 

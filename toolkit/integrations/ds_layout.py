@@ -263,6 +263,9 @@ def request_from_config(
         # DeepSpeed's activation_checkpointing section configures checkpointing the model code asks for;
         # dstk writes it only when it recomputes every block
         recompute="full" if cfg.get("activation_checkpointing") else "none",
+        # the model code that reads that section calls deepspeed.checkpointing.checkpoint, which is reentrant:
+        # whole blocks replayed (dstk's own configs carry the layout in their dstk block instead)
+        recompute_early_stop=False if cfg.get("activation_checkpointing") else None,
         offload_optimizer=_offload(zero, "offload_optimizer"),
         offload_param=_offload(zero, "offload_param"),
         offload_activations=bool((cfg.get("activation_checkpointing") or {}).get("cpu_checkpointing")),

@@ -103,10 +103,11 @@ def hf_trainer_files(
     args["dataloader_drop_last"] = True
     args["gradient_checkpointing"] = layout.recompute == "full"
     if layout.recompute == "full":
-        args["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
-        if not layout.recompute_stops_early:
-            # what the layout was priced as: the whole block recomputed (checkpoint's argument since torch 2.9)
-            args["gradient_checkpointing_kwargs"]["early_stop"] = False
+        # what the layout was priced as: torch's non-reentrant checkpoint, which stops before each block's
+        # down projection, or the reentrant one, which replays whole blocks in every torch dstk supports
+        # (checkpoint's own `early_stop` argument needs torch 2.9); transformers 5 gives the first block an
+        # input that requires grad, which the reentrant one needs
+        args["gradient_checkpointing_kwargs"] = {"use_reentrant": not layout.recompute_stops_early}
     if cluster.accelerator == "cpu":
         args["use_cpu"] = True
     return out, args

@@ -107,9 +107,10 @@ class LayoutRequest(BaseModel):
     and fms-fsdp run. Not with dropout after that layer (its mask is saved after the GEMM), MoE blocks (the
     router weights multiply the experts' output), LoRA, or torchao's Float8Linear (an autograd.Function
     saves after its GEMM). Off: reentrant checkpoints (Megatron's, DeepSpeed's, HF transformers 4's default)
-    recompute the whole block. Unset: on for PyTorch runtimes — dstk train's HF modules (not --fused-kernels)
-    and --fsdp — except with --pp or --offload-activations, which checkpoint through DeepSpeed's reentrant
-    function; off for the fused stacks (--fused-kernels without --fsdp: Megatron, NeMo)."""
+    recompute the whole block. Unset: on for --fsdp and for dstk train's HF modules (not --fused-kernels),
+    except with --pp or --offload-activations (DeepSpeed's reentrant checkpoint) and at ZeRO-3, where
+    DeepSpeed's `memory_efficient_linear` makes every linear layer an autograd.Function that saves after its
+    GEMM; off for the fused stacks (--fused-kernels without --fsdp: Megatron, NeMo) and --target megatron."""
     offload_optimizer: OffloadDevice = "none"
     """Where ZeRO keeps optimizer states (ZeRO-Offload / ZeRO-Infinity)."""
     offload_param: OffloadDevice = "none"
@@ -214,8 +215,13 @@ class Layout(LayoutRequest):
             return False
         if self.recompute_early_stop is not None:
             return self.recompute_early_stop
-        pytorch = self.fsdp is not None or not self.fused_kernels
-        return pytorch and self.pp == 1 and not self.offload_activations
+        if self.fsdp is not None:
+            return self.pp == 1
+        # dstk train's HF modules; not DeepSpeed ZeRO-3, whose zero.Init swaps torch.nn.functional.linear for
+        # LinearFunctionForZeroStage3 (`memory_efficient_linear`, on by default and never swapped back), an
+        # autograd.Function that saves its inputs after its GEMM has run
+        deepspeed_hf = not self.fused_kernels and self.zero_stage != 3
+        return deepspeed_hf and self.pp == 1 and not self.offload_activations
 
     @property
     def model_parallel(self) -> int:

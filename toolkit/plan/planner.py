@@ -164,7 +164,7 @@ class _Search:
                             sp=sp,
                             ep=ep,
                             recompute=recompute,
-                            recompute_early_stop=q.recompute_early_stop if recompute == "full" else None,
+                            recompute_early_stop=_early_stop(q.recompute_early_stop, recompute, megatron),
                             offload_optimizer=off_opt,
                             offload_param=off_param,
                             offload_activations=act_off,
@@ -281,6 +281,14 @@ def smallest_fitting_nodes(
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if fits(mid) else (mid, hi)
     return hi
+
+
+def _early_stop(pinned: bool | None, recompute: str, megatron: bool) -> bool | None:
+    """The early-stop setting of a candidate: only full recomputation has one; Megatron-DeepSpeed's reentrant
+    checkpoint replays whole layers; else the pin, or the runtime's default (Layout.recompute_stops_early)."""
+    if recompute != "full":
+        return None
+    return False if megatron else pinned
 
 
 def nothing_fits_message(model: ModelSpec, cluster: ClusterSpec, query: PlanQuery) -> UserError:

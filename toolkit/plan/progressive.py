@@ -163,11 +163,14 @@ def _free_port() -> int:
 
 def _layout_flags(flags: list[str]) -> list[str]:
     """The layout constraints among `dstk config` flags, for dstk grow's re-plan (it takes no --lr etc.)."""
-    from toolkit.plan.layout import LAYOUT_FLAGS
+    from toolkit.plan.layout import LAYOUT_FLAGS, LayoutRequest
 
     names = set(LAYOUT_FLAGS.values())
+    # on/off flags (argparse's BooleanOptionalAction: --x / --no-x) take no value
     switches = {
-        f for f in names if f[2:].replace("-", "_") in ("tp_sequence_parallel", "tp_vocab_parallel", "zeropp")
+        flag
+        for name, flag in LAYOUT_FLAGS.items()
+        if LayoutRequest.model_fields[name].annotation in (bool, bool | None)
     }
     out, i = [], 0
     while i < len(flags):

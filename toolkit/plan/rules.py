@@ -378,6 +378,9 @@ def resolve_layout(
         request.micro_batch_size, dp, request.global_batch_size, request.gradient_accumulation_steps
     )
     fields = request.model_dump()
+    if "megatron" in scopes and "deepspeed" not in scopes and request.recompute == "full":
+        # Megatron-DeepSpeed's checkpoint is reentrant, fused kernels or not (megatron_recomputes_whole_layers)
+        fields["recompute_early_stop"] = False
     fields.update(
         flash_attention=runtime_flash_attention(
             model, request.flash_attention, request.fused_kernels, request.precision

@@ -275,8 +275,12 @@ def early_stop_skips(model: ModelSpec, frozen: bool = False, fp8_recipe: str | N
     input, so its GEMM (and a TP all-reduce after it) never runs again; the residual add after it saves
     nothing. Not where something after that GEMM saves a tensor: hidden dropout (its mask), a LoRA adapter
     on the projection (its input; any LoRA layout is priced as whole recomputation, whatever its targets),
-    or torchao's Float8Linear, an autograd.Function whose tensors are saved after its forward (and its GEMM)
-    returns. tests/test_recompute_early_stop.py counts the GEMMs of HF models' backward to check this."""
+    or a linear layer that is an autograd.Function, whose tensors are saved after its forward (and its GEMM)
+    returns: torchao's Float8Linear in eager mode (the "tensorwise" recipe dstk train runs), and DeepSpeed
+    ZeRO-3's memory-efficient linear (Layout.recompute_stops_early resolves ZeRO-3 to whole blocks). A
+    torch.compile'd block (torchtitan's `--fused-kernels` rows, Float8 included) recomputes only what its
+    backward graph needs, which the down projection's output is not. tests/test_recompute_early_stop.py
+    counts the GEMMs of HF models' backward, with torch's, DeepSpeed's and torchao's linear, to check this."""
     return not model.dropout and not frozen and fp8_recipe != "tensorwise"
 
 

@@ -6,7 +6,8 @@ routed top-k experts) less the lookup-only tables, an untied input embedding and
 no FLOPs (nanoGPT's `estimate_mfu` leaves the position table out likewise; a tied embedding stays, being the
 LM head's matmul). MFU divides model FLOPs by the accelerator's peak in the training precision; it ignores
 recomputation by definition. Hardware FLOPs are model FLOPs plus what a layout computes again or in vain, so
-never fewer: the blocks' forward again with full recomputation (the ×4/3 of Narayanan et al. 2021, eq. 3, LM head excepted), the
+never fewer: the blocks' forward again with full recomputation (the ×4/3 of Narayanan et al. 2021, eq. 3, LM head
+excepted; less each block's down projection where the checkpoint stops early, Layout.recompute_stops_early), the
 attention core with selective recomputation (Korthikanti et al. 2022, §5), and the capacity padding of MoE
 experts. The same model FLOPs price a training run (`dstk plan --tokens`) and read `--mfu`.
 """

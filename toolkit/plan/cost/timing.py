@@ -154,8 +154,8 @@ def _tp_comm_s(model: ModelSpec, cluster: ClusterSpec, layout: Layout, load: Sta
     stops = layout.recompute_stops_early and early_stop_skips(
         model, layout.lora is not None, layout.fp8_recipe
     )
-    dense_rebuilt = rebuilt * (load.n_blocks - load.n_moe_blocks) // max(load.n_blocks, 1)
-    calls = 4 * load.n_blocks + 2 * rebuilt - (dense_rebuilt if stops else 0)
+    dense_share = (load.n_blocks - load.n_moe_blocks) / max(load.n_blocks, 1)  # as stage_compute shares it
+    calls = 4 * load.n_blocks + 2 * rebuilt - (rebuilt * dense_share if stops else 0)
     return calls * comm.all_reduce_s(tokens * model.hidden_size * e, _groups(layout, cluster)["tp"], cluster)
 
 
