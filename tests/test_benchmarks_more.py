@@ -161,3 +161,24 @@ def test_llm_foundry_tables_are_priced_with_the_shapes_and_settings_their_sweeps
     priced = foundry.price(rows, tmp_path)
     assert [r["dstk_params"] for r in priced] == [r["n_params"] for r in rows]
     assert all(0.5 < r["ratio"] < 2.0 for r in priced)
+
+
+def test_recompute_benchmark_puts_three_modes_beside_their_prices(tmp_path: Path) -> None:
+    """`benchmarks/recompute.py --tiny`: none, full with early stop and full whole-block recomputation of a real
+    HF Llama, each measured and priced; the prices order as the model says (whole > early stop > none)."""
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/recompute.py", "--tiny", "--rounds", "1", "--out-dir", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    record = json.loads((tmp_path / "recompute.json").read_text())
+    rows = {r["mode"]: r for r in record["rows"]}
+    assert list(rows) == ["none", "full, early stop", "full, whole blocks"]
+    assert all(r["measured_s"] > 0 for r in rows.values())
+    predicted = [rows[m]["predicted_s"] for m in rows]
+    assert predicted[0] < predicted[1] < predicted[2]
+    assert len(record["step_times_s"]["none"]) == 1
+    assert "| full, early stop |" in (tmp_path / "recompute.md").read_text()
