@@ -151,6 +151,7 @@ def test_early_stop_prices_one_linear_less_per_block() -> None:
         (dict(recompute="full", recompute_early_stop=False), False),
         (dict(recompute="full", zero_stage=3), False),  # DeepSpeed's memory-efficient linear
         (dict(recompute="full", zero_stage=3, fsdp="bf16"), True),  # FSDP keeps torch's linear
+        (dict(recompute="full", zero_stage=3, fsdp="bf16", offload_activations=True), False),
     ],
 )
 def test_early_stop_default_follows_the_runtime(request_fields: dict, expected: bool) -> None:
@@ -218,6 +219,11 @@ def test_early_stop_rules() -> None:
             "with --pp",
         ),
         (LayoutRequest(recompute="full", recompute_early_stop=True), ("layout", "megatron"), "reentrant"),
+        (
+            LayoutRequest(recompute="full", zero_stage=3, recompute_early_stop=True),
+            ("layout", "deepspeed"),
+            "at ZeRO-3 DeepSpeed's zero.Init makes every linear layer an autograd.Function",
+        ),
     ]
     for request, scopes, fragment in cases:
         problems = violations(model, cluster, request, 8, scopes)
@@ -243,6 +249,11 @@ def test_plan_keeps_a_pinned_early_stop_and_prices_megatron_plans_whole() -> Non
     assert not chosen(recompute_early_stop=False).recompute_stops_early
     megatron = chosen(scopes=("layout", "megatron"))
     assert megatron.fused_kernels and not megatron.recompute_stops_early
+    # a pin the target cannot run is refused by its rule, not dropped
+    query = PlanQuery(
+        recompute="full", zero_stage=1, recompute_early_stop=True, scopes=("layout", "megatron")
+    )
+    assert plan(model, cluster, query) is None
 
 
 def test_early_stop_skips_the_down_projections_tp_all_reduce() -> None:

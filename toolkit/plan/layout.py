@@ -216,7 +216,7 @@ class Layout(LayoutRequest):
         if self.recompute_early_stop is not None:
             return self.recompute_early_stop
         if self.fsdp is not None:
-            return self.pp == 1
+            return self.pp == 1 and not self.offload_activations
         # dstk train's HF modules; not DeepSpeed ZeRO-3, whose zero.Init swaps torch.nn.functional.linear for
         # LinearFunctionForZeroStage3 (`memory_efficient_linear`, on by default and never swapped back), an
         # autograd.Function that saves its inputs after its GEMM has run

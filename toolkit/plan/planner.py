@@ -284,11 +284,14 @@ def smallest_fitting_nodes(
 
 
 def _early_stop(pinned: bool | None, recompute: str, megatron: bool) -> bool | None:
-    """The early-stop setting of a candidate: only full recomputation has one; Megatron-DeepSpeed's reentrant
-    checkpoint replays whole layers; else the pin, or the runtime's default (Layout.recompute_stops_early)."""
+    """The early-stop setting of a candidate: only full recomputation has one; the user's pin (a pin the
+    target cannot run is refused by its rule, not dropped); else off for Megatron-DeepSpeed, whose reentrant
+    checkpoint replays whole layers, and the runtime's default otherwise (Layout.recompute_stops_early)."""
     if recompute != "full":
         return None
-    return False if megatron else pinned
+    if pinned is not None:
+        return pinned
+    return False if megatron else None
 
 
 def nothing_fits_message(model: ModelSpec, cluster: ClusterSpec, query: PlanQuery) -> UserError:

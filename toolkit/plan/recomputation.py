@@ -46,12 +46,18 @@ def early_stop_needs_full(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: in
 def early_stop_is_torch_checkpoint(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
     """dstk train checkpoints pipeline stages (DeepSpeed's PipelineModule, `activation_checkpoint_interval`)
     and offloaded block inputs (`cpu_checkpointing`, read only by `deepspeed.checkpointing.checkpoint`) with
-    DeepSpeed's reentrant checkpoint, which always recomputes the whole block."""
+    DeepSpeed's reentrant checkpoint, which always recomputes the whole block; at ZeRO-3 its linear layers are
+    DeepSpeed's LinearFunctionForZeroStage3, which torch's checkpoint cannot stop before."""
     if r.recompute_early_stop and (r.pp > 1 or r.offload_activations):
         why = "--pp" if r.pp > 1 else "--offload-activations"
         return (
             f"--recompute-early-stop: with {why} dstk train checkpoints through DeepSpeed's reentrant checkpoint, "
             "which recomputes whole blocks; drop the flag"
+        )
+    if r.recompute_early_stop and r.zero_stage == 3 and r.fsdp is None:
+        return (
+            "--recompute-early-stop: at ZeRO-3 DeepSpeed's zero.Init makes every linear layer an autograd.Function "
+            "that saves after its GEMM (memory_efficient_linear), so whole blocks are recomputed; drop the flag"
         )
     return None
 

@@ -378,7 +378,8 @@ def resolve_layout(
         request.micro_batch_size, dp, request.global_batch_size, request.gradient_accumulation_steps
     )
     fields = request.model_dump()
-    if "megatron" in scopes and "deepspeed" not in scopes and request.recompute == "full":
+    megatron = "megatron" in scopes and "deepspeed" not in scopes
+    if megatron and request.recompute == "full" and request.recompute_early_stop is None:
         # Megatron-DeepSpeed's checkpoint is reentrant, fused kernels or not (megatron_recomputes_whole_layers)
         fields["recompute_early_stop"] = False
     fields.update(

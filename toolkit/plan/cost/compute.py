@@ -278,8 +278,9 @@ def early_stop_skips(model: ModelSpec, frozen: bool = False, fp8_recipe: str | N
     or a linear layer that is an autograd.Function, whose tensors are saved after its forward (and its GEMM)
     returns: torchao's Float8Linear in eager mode (the "tensorwise" recipe dstk train runs), and DeepSpeed
     ZeRO-3's memory-efficient linear (Layout.recompute_stops_early resolves ZeRO-3 to whole blocks). A
-    torch.compile'd block (torchtitan's `--fused-kernels` rows, Float8 included) recomputes only what its
-    backward graph needs, which the down projection's output is not. tests/test_recompute_early_stop.py
+    torch.compile'd block (torchtitan's `--fused-kernels` rows, Float8 included) is assumed to stop early
+    too, not measured: its backward graph recomputes only what it needs, which the down projection's output
+    is not. tests/test_recompute_early_stop.py
     counts the GEMMs of HF models' backward, with torch's, DeepSpeed's and torchao's linear, to check this."""
     return not model.dropout and not frozen and fp8_recipe != "tensorwise"
 
