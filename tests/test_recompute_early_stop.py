@@ -25,12 +25,19 @@ def _layout(**fields: object) -> Layout:
     return Layout(**{**base, **fields})
 
 
-def _backward_gemms(spec: ModelSpec, layout: Layout | None, linear: str = "torch") -> tuple[int, int]:
+def _backward_gemms(
+    spec: ModelSpec,
+    layout: Layout | None,
+    linear: str = "torch",
+    lora: str | None = None,
+    flops: bool = False,
+) -> tuple[float, int]:
     """GEMM kernels autograd dispatches during one backward of the HF model built from `spec` (2 tokens × 8),
     recomputation included, with dstk train's checkpointing for `layout` (None: no checkpointing); and the
     linear layers (nn.Linear, GPT-2's Conv1D) of one block, what a whole replay runs. `linear`: torch's own,
     "zero3" (DeepSpeed's LinearFunctionForZeroStage3, which zero.Init puts in place of F.linear) or "float8"
-    (torchao's Float8Linear as dstk train converts the model, emulated on the CPU)."""
+    (torchao's Float8Linear as dstk train converts the model, emulated on the CPU); `lora`: peft's adapters
+    as dstk train applies them; `flops`: the GEMMs' FLOPs instead of their count."""
     import contextlib
 
     import torch
@@ -43,10 +50,13 @@ def _backward_gemms(spec: ModelSpec, layout: Layout | None, linear: str = "torch
 
     class Count(TorchDispatchMode):
         n = 0
+        flops = 0.0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if func.__name__.split(".")[0] in GEMMS:
                 self.n += 1
+                a, b = args[-2], args[-1]  # mm(a, b), addmm(bias, a, b)
+                self.flops += 2.0 * a.shape[0] * a.shape[1] * b.shape[1]
             return func(*args, **(kwargs or {}))
 
     @contextlib.contextmanager
@@ -69,6 +79,14 @@ def _backward_gemms(spec: ModelSpec, layout: Layout | None, linear: str = "torch
         from toolkit.run.fp8 import convert
 
         convert(model, emulate=True)
+    if lora is not None:
+        from toolkit.plan.lora import parse_lora
+        from toolkit.run.lora import apply_lora
+
+        model = apply_lora(model, spec, parse_lora(lora))
+        # what transformers' gradient_checkpointing_enable does for the early-stop path; here for every path,
+        # so that all three compute the same input gradients through the frozen first block
+        model.enable_input_require_grads()
     if layout is not None:
         _recompute_blocks(model, layout)
     x = torch.randint(0, spec.vocab_size, (2, 16))
@@ -80,7 +98,7 @@ def _backward_gemms(spec: ModelSpec, layout: Layout | None, linear: str = "torch
     head = model.get_output_embeddings()
     kinds = ("Linear", "Conv1D", "Float8Linear")
     linears = [m for m in model.modules() if type(m).__name__ in kinds and m is not head]
-    return count.n, len(linears) // spec.n_layers
+    return (count.flops if flops else count.n), len(linears) // spec.n_layers
 
 
 @pytest.mark.parametrize(
@@ -116,6 +134,26 @@ def test_a_linear_that_saves_after_its_gemm_is_replayed_whole(linear: str) -> No
     else:
         fp8 = _layout(recompute="full", precision="fp8")
         assert fp8.recompute_stops_early and not early_stop_skips(spec, fp8_recipe=fp8.fp8_recipe)
+
+
+@pytest.mark.parametrize(
+    ("lora", "skips"), [("r=8,alpha=16", True), ("r=8,alpha=16,targets=down_proj", False)]
+)
+def test_lora_on_the_down_projection_keeps_its_gemm_in_the_replay(lora: str, skips: bool) -> None:
+    """With peft's adapters elsewhere (the default q_proj+v_proj) the replay still stops before the down
+    projection's GEMM; with one on it, the adapter's input is saved after the base GEMM ran, so only the
+    adapter's own small lora_B GEMM is left out. Measured in GEMM FLOPs, against early_stop_skips."""
+    spec = load_model("tiny-llama")
+    early, _ = _backward_gemms(spec, _layout(recompute="full"), lora=lora, flops=True)
+    whole, _ = _backward_gemms(
+        spec, _layout(recompute="full", recompute_early_stop=False), lora=lora, flops=True
+    )
+    down = spec.n_layers * 2.0 * 2 * 16 * spec.ffn_hidden_size * spec.hidden_size  # 2 × 16 tokens
+    assert early_stop_skips(spec, lora) is skips
+    if skips:
+        assert whole - early == pytest.approx(down)
+    else:
+        assert 0 < whole - early < 0.05 * down
 
 
 def test_early_stop_prices_one_linear_less_per_block() -> None:

@@ -105,9 +105,9 @@ class LayoutRequest(BaseModel):
     the pack hook that holds the last saved tensor — an input of that GEMM, saved before the kernel runs —
     stops the recomputation), and it is what HF models (transformers 5), llm-foundry, torchtitan until 2025-08
     and fms-fsdp run. Not with dropout after that layer (its mask is saved after the GEMM), MoE blocks (the
-    router weights multiply the experts' output), LoRA, or torchao's Float8Linear (an autograd.Function
-    saves after its GEMM). Off: reentrant checkpoints (Megatron's, DeepSpeed's, HF transformers 4's default)
-    recompute the whole block. Unset: on for --fsdp and for dstk train's HF modules (not --fused-kernels),
+    router weights multiply the experts' output), a LoRA adapter on the down projection, or torchao's
+    Float8Linear (an autograd.Function saves after its GEMM). Off: reentrant checkpoints (Megatron's,
+    DeepSpeed's, HF transformers 4's default) recompute the whole block. Unset: on for --fsdp and for dstk train's HF modules (not --fused-kernels),
     except with --pp or --offload-activations (DeepSpeed's reentrant checkpoint) and at ZeRO-3, where
     DeepSpeed's `memory_efficient_linear` makes every linear layer an autograd.Function that saves after its
     GEMM; off for the fused stacks (--fused-kernels without --fsdp: Megatron, NeMo) and --target megatron."""

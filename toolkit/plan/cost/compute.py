@@ -267,22 +267,31 @@ def attention_core_s(
     return 2 * bmm + (softmax + dropout) / hbm
 
 
-def early_stop_skips(model: ModelSpec, frozen: bool = False, fp8_recipe: str | None = None) -> bool:
+def early_stop_skips(model: ModelSpec, lora: str | None = None, fp8_recipe: str | None = None) -> bool:
     """Whether a non-reentrant checkpoint that stops early (Layout.recompute_stops_early) leaves a dense
     block's last linear layer out of its recomputation. Autograd saves an op's inputs before it runs the
     kernel, and the pack hook that receives the forward's last saved tensor stops the recomputation there
     (torch.utils.checkpoint, `_StopRecomputationError`): in a pre-norm block that is the down projection's
     input, so its GEMM (and a TP all-reduce after it) never runs again; the residual add after it saves
-    nothing. Not where something after that GEMM saves a tensor: hidden dropout (its mask), a LoRA adapter
-    on the projection (its input; any LoRA layout is priced as whole recomputation, whatever its targets),
-    or a linear layer that is an autograd.Function, whose tensors are saved after its forward (and its GEMM)
-    returns: torchao's Float8Linear in eager mode (the "tensorwise" recipe dstk train runs), and DeepSpeed
-    ZeRO-3's memory-efficient linear (Layout.recompute_stops_early resolves ZeRO-3 to whole blocks). A
-    torch.compile'd block (torchtitan's `--fused-kernels` rows, Float8 included) is assumed to stop early
-    too, not measured: its backward graph recomputes only what it needs, which the down projection's output
-    is not. tests/test_recompute_early_stop.py
-    counts the GEMMs of HF models' backward, with torch's, DeepSpeed's and torchao's linear, to check this."""
-    return not model.dropout and not frozen and fp8_recipe != "tensorwise"
+    nothing. Not where something after that GEMM saves a tensor: hidden dropout (its mask), a LoRA adapter on
+    the down projection (`lora`'s targets; its adapter saves its input after the base GEMM ran), or a linear
+    layer that is an autograd.Function, whose tensors are saved after its forward (and its GEMM) returns:
+    torchao's Float8Linear in eager mode (the "tensorwise" recipe dstk train runs), and DeepSpeed ZeRO-3's
+    memory-efficient linear (Layout.recompute_stops_early resolves ZeRO-3 to whole blocks). A torch.compile'd
+    block (torchtitan's `--fused-kernels` rows, Float8 included) is assumed to stop early too, not measured:
+    its backward graph recomputes only what it needs, which the down projection's output is not.
+    tests/test_recompute_early_stop.py counts the GEMMs of HF models' backward, with torch's, DeepSpeed's,
+    torchao's and peft's LoRA linear layers, to check this."""
+    if model.dropout or fp8_recipe == "tensorwise":
+        return False
+    if lora is None:
+        return True
+    from toolkit.plan.lora import block_linears as lora_linears
+    from toolkit.plan.lora import parse_lora, targets
+
+    down = (model.ffn_hidden_size, model.hidden_size)
+    adapted = set(targets(model, parse_lora(lora)))
+    return not any(down in shapes for name, shapes in lora_linears(model).items() if name in adapted)
 
 
 def stage_compute(
@@ -318,8 +327,8 @@ def stage_compute(
     layers it wraps), and Narayanan et al. 2021's hardware-FLOPs formula (eq. 3) counts the logit layer three
     times, not four. Selective repeats the attention core; full with `recompute_every` K > 1 repeats the
     forward of the stage's blocks whose count is a multiple of K (blocks // K of them). With `early_stop`
-    (Layout.recompute_stops_early) the dense blocks' last linear layer is not recomputed, where
-    `early_stop_skips` says the checkpoint can stop before it.
+    (the layout's checkpoint stops early and `early_stop_skips` says it can stop before the down projection)
+    the dense blocks' last linear layer is not recomputed.
     """
     tokens = micro_batch * model.seq_length
     common = dict(
@@ -351,12 +360,7 @@ def stage_compute(
         fwd, bwd = fwd + head, bwd + (1 if frozen else 2) * head
     blocks = dense_layers + moe_layers
     blocks_fwd = fwd - (head if last else 0.0)
-    if (
-        early_stop
-        and recompute == "full"
-        and dense_layers
-        and early_stop_skips(model, frozen, fp8 and fp8.recipe)
-    ):
+    if early_stop and recompute == "full" and dense_layers:
         tail = block_linears(model, tokens / sp, tp, False, ep)[-1]
         blocks_fwd -= dense_layers * _linear_s(tail, e, peak, cluster, fp8)
     recompute_s = blocks_fwd if recompute == "full" else attention_fwd if recompute == "selective" else 0.0

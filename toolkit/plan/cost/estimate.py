@@ -15,11 +15,17 @@ from typing import Any
 
 from toolkit.plan.checkpoint_interval import CheckpointPlan, checkpoint_plan
 from toolkit.plan.cost import activations as act
-from toolkit.plan.cost.compute import block_linears, early_stop_skips, slowed_by_collectives, stage_compute
+from toolkit.plan.cost.compute import block_linears, slowed_by_collectives, stage_compute
 from toolkit.plan.cost.flops import hardware_flops_per_token, model_flops_per_token, model_tflops_per_gpu
 from toolkit.plan.cost.fp8 import cast_transient_bytes, fp8_gemms, weight_copies_bytes
 from toolkit.plan.cost.memory import GIB, HOST_USABLE, Memory, rank_params, stage_memory
-from toolkit.plan.cost.timing import StageLoad, StepTime, sp_all_to_all_bytes, step_time
+from toolkit.plan.cost.timing import (
+    StageLoad,
+    StepTime,
+    skips_down_projection,
+    sp_all_to_all_bytes,
+    step_time,
+)
 from toolkit.plan.layout import Layout, engine_precision
 from toolkit.plan.params import count_params, tensor_numels, zero_grad_partition
 from toolkit.plan.specs import ClusterSpec, ModelSpec
@@ -103,8 +109,7 @@ class Estimate:
             layout.recompute,
             layout.lora is not None,
             layout.recompute_every or 1,
-            layout.recompute_stops_early
-            and early_stop_skips(self.model, layout.lora is not None, layout.fp8_recipe),
+            skips_down_projection(self.model, layout),
         )
 
     @property
@@ -379,7 +384,7 @@ def estimate(
             last=last,
             recompute=layout.recompute,
             recompute_every=layout.recompute_every or 1,
-            early_stop=layout.recompute_stops_early,
+            early_stop=skips_down_projection(model, layout),
             flash=act.flash_attention(model, layout),
             sequence_parallel=layout.tp_sequence_parallel,
             frozen=layout.lora is not None,

@@ -143,6 +143,13 @@ def _micro_comm_s(model: ModelSpec, cluster: ClusterSpec, layout: Layout, load: 
     return t
 
 
+def skips_down_projection(model: ModelSpec, layout: Layout) -> bool:
+    """Whether full recomputation in this layout leaves each dense block's down projection out: the
+    runtime's checkpoint stops early (Layout.recompute_stops_early) and nothing after that GEMM saves a tensor
+    (toolkit.plan.cost.compute.early_stop_skips)."""
+    return layout.recompute_stops_early and early_stop_skips(model, layout.lora, layout.fp8_recipe)
+
+
 def _tp_comm_s(model: ModelSpec, cluster: ClusterSpec, layout: Layout, load: StageLoad, e: int) -> float:
     """Tensor-parallel all-reduces of one micro-batch on one rank (4 per block, 6 with full recomputation, 5
     when the checkpoint stops before the down projection, whose all-reduce follows its GEMM; with sequence
@@ -151,9 +158,7 @@ def _tp_comm_s(model: ModelSpec, cluster: ClusterSpec, layout: Layout, load: Sta
         return 0.0
     tokens = layout.micro_batch_size * model.seq_length / layout.sp
     rebuilt = load.n_blocks // (layout.recompute_every or 1) if layout.recompute == "full" else 0
-    stops = layout.recompute_stops_early and early_stop_skips(
-        model, layout.lora is not None, layout.fp8_recipe
-    )
+    stops = skips_down_projection(model, layout)
     dense_share = (load.n_blocks - load.n_moe_blocks) / max(load.n_blocks, 1)  # as stage_compute shares it
     calls = 4 * load.n_blocks + 2 * rebuilt - (rebuilt * dense_share if stops else 0)
     return calls * comm.all_reduce_s(tokens * model.hidden_size * e, _groups(layout, cluster)["tp"], cluster)
