@@ -44,6 +44,18 @@ def _run_quick(
         return list(reader)
 
 
+def _run_benchmark(script: str, *args: str, timeout: int) -> None:
+    """`python benchmarks/SCRIPT.py ARGS` from the repository root; it must exit 0."""
+    proc = subprocess.run(
+        [sys.executable, f"benchmarks/{script}.py", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
 def _positive_pairs(row: dict[str, str], pairs: tuple[tuple[str, str], ...]) -> None:
     for measured, predicted in pairs:
         assert float(row[measured]) > 0 and float(row[predicted]) > 0, (measured, row)
@@ -130,14 +142,7 @@ def test_hf_step_tiny_puts_every_step_beside_the_prediction(tmp_path) -> None:
     DeepSpeed's own synchronized timers."""
     # fp32: no test depends on the host having native bf16
     args = ["--tiny", "--layers", "2", "--steps", "5", "--precision", "fp32", "--profile"]
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/hf_step.py", *args, "--out-dir", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    _run_benchmark("hf_step", *args, "--out-dir", str(tmp_path), timeout=600)
     record = json.loads((tmp_path / "hf_step.json").read_text())
     assert record["accelerator"] == "cpu" and record["ranks"] == 2 and record["precision"] == "fp32"
     assert len(record["measured_step_times_s"]) == 5 and record["measured_step_time_s"] > 0
@@ -166,14 +171,7 @@ def test_llm_foundry_tables_are_priced_with_the_shapes_and_settings_their_sweeps
 def test_recompute_benchmark_puts_three_modes_beside_their_prices(tmp_path: Path) -> None:
     """`benchmarks/recompute.py --tiny`: none, full with early stop and full whole-block recomputation of a real
     HF Llama, each measured and priced; the prices order as the model says (whole > early stop > none)."""
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/recompute.py", "--tiny", "--rounds", "1", "--out-dir", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    _run_benchmark("recompute", "--tiny", "--rounds", "1", "--out-dir", str(tmp_path), timeout=300)
     record = json.loads((tmp_path / "recompute.json").read_text())
     rows = {r["mode"]: r for r in record["rows"]}
     assert list(rows) == ["none", "full, early stop", "full, whole blocks"]

@@ -215,13 +215,11 @@ class Layout(LayoutRequest):
             return False
         if self.recompute_early_stop is not None:
             return self.recompute_early_stop
-        if self.fsdp is not None:
-            return self.pp == 1 and not self.offload_activations
-        # dstk train's HF modules; not DeepSpeed ZeRO-3, whose zero.Init swaps torch.nn.functional.linear for
-        # LinearFunctionForZeroStage3 (`memory_efficient_linear`, on by default and never swapped back), an
-        # autograd.Function that saves its inputs after its GEMM has run
-        deepspeed_hf = not self.fused_kernels and self.zero_stage != 3
-        return deepspeed_hf and self.pp == 1 and not self.offload_activations
+        # PyTorch FSDP, or dstk train's HF modules below ZeRO-3: DeepSpeed's zero.Init swaps
+        # torch.nn.functional.linear for LinearFunctionForZeroStage3 (`memory_efficient_linear`, on by default
+        # and never swapped back), an autograd.Function that saves its inputs after its GEMM has run
+        torch_checkpoint = self.fsdp is not None or (not self.fused_kernels and self.zero_stage != 3)
+        return torch_checkpoint and self.pp == 1 and not self.offload_activations
 
     @property
     def model_parallel(self) -> int:

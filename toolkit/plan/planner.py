@@ -33,6 +33,7 @@ from toolkit.plan.cost.memory import GIB, Memory
 from toolkit.plan.layout import Layout, LayoutRequest, data_parallel_size
 from toolkit.plan.params import count_params
 from toolkit.plan.query import PlanQuery
+from toolkit.plan.recomputation import early_stop_setting
 from toolkit.plan.rules import broken_rules
 from toolkit.plan.specs import ClusterSpec, ModelSpec
 from toolkit.plan.units import format_bytes
@@ -164,7 +165,9 @@ class _Search:
                             sp=sp,
                             ep=ep,
                             recompute=recompute,
-                            recompute_early_stop=_early_stop(q.recompute_early_stop, recompute, megatron),
+                            recompute_early_stop=early_stop_setting(
+                                q.recompute_early_stop, recompute, megatron
+                            ),
                             offload_optimizer=off_opt,
                             offload_param=off_param,
                             offload_activations=act_off,
@@ -281,17 +284,6 @@ def smallest_fitting_nodes(
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if fits(mid) else (mid, hi)
     return hi
-
-
-def _early_stop(pinned: bool | None, recompute: str, megatron: bool) -> bool | None:
-    """The early-stop setting of a candidate: only full recomputation has one; the user's pin (a pin the
-    target cannot run is refused by its rule, not dropped); else off for Megatron-DeepSpeed, whose reentrant
-    checkpoint replays whole layers, and the runtime's default otherwise (Layout.recompute_stops_early)."""
-    if recompute != "full":
-        return None
-    if pinned is not None:
-        return pinned
-    return False if megatron else None
 
 
 def nothing_fits_message(model: ModelSpec, cluster: ClusterSpec, query: PlanQuery) -> UserError:

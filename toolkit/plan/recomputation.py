@@ -13,6 +13,19 @@ from toolkit.plan.layout import LayoutRequest
 from toolkit.plan.specs import ClusterSpec, ModelSpec
 
 
+def early_stop_setting(pinned: bool | None, recompute: str, megatron: bool) -> bool | None:
+    """The `recompute_early_stop` a layout gets from a request: only full recomputation has one; the user's
+    pin (one the target cannot run is refused by its rule, not dropped); else off for Megatron-DeepSpeed,
+    whose reentrant checkpoint replays whole layers, fused kernels or not (megatron_recomputes_whole_layers);
+    else unset, the runtime's default (Layout.recompute_stops_early). Shared by resolve_layout and the
+    planner, which builds its candidates without it."""
+    if recompute != "full":
+        return None
+    if pinned is not None:
+        return pinned
+    return False if megatron else None
+
+
 def offload_activations_needs_full(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
     """cpu_checkpointing moves what `deepspeed.checkpointing.checkpoint` keeps: the block inputs of full
     recomputation; without it there is nothing to move."""

@@ -19,6 +19,7 @@ from toolkit.plan.layout import Layout, LayoutRequest, batch_arithmetic, data_pa
 from toolkit.plan.recomputation import (
     early_stop_is_torch_checkpoint,
     early_stop_needs_full,
+    early_stop_setting,
     megatron_recomputes_whole_layers,
     offload_activations_needs_full,
     recompute_every_needs_full,
@@ -379,9 +380,9 @@ def resolve_layout(
     )
     fields = request.model_dump()
     megatron = "megatron" in scopes and "deepspeed" not in scopes
-    if megatron and request.recompute == "full" and request.recompute_early_stop is None:
-        # Megatron-DeepSpeed's checkpoint is reentrant, fused kernels or not (megatron_recomputes_whole_layers)
-        fields["recompute_early_stop"] = False
+    fields["recompute_early_stop"] = early_stop_setting(
+        request.recompute_early_stop, request.recompute, megatron
+    )
     fields.update(
         flash_attention=runtime_flash_attention(
             model, request.flash_attention, request.fused_kernels, request.precision

@@ -369,6 +369,7 @@ def estimate(
     memory = estimate_memory(model, cluster, layout, knobs)
     slowest: StageLoad | None = None
     slowest_stage: dict[str, Any] = {}
+    early_stop = skips_down_projection(model, layout)
     for st in _candidate_stages(model, layout):
         first, last = st.index == 0, st.index == layout.pp - 1
         rank = rank_params(
@@ -384,7 +385,7 @@ def estimate(
             last=last,
             recompute=layout.recompute,
             recompute_every=layout.recompute_every or 1,
-            early_stop=skips_down_projection(model, layout),
+            early_stop=early_stop,
             flash=act.flash_attention(model, layout),
             sequence_parallel=layout.tp_sequence_parallel,
             frozen=layout.lora is not None,
