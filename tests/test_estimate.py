@@ -234,6 +234,22 @@ def test_zero3_communicates_more_than_zero2() -> None:
     assert z3.time.data_parallel_comm_s > z2.time.data_parallel_comm_s
 
 
+def test_sequence_parallel_ranks_shard_states_and_reduce_gradients() -> None:
+    """Sequence-parallel ranks hold the same weights and compute gradients from other tokens: ZeRO shards over
+    them and reduces across them as over data-parallel ranks (DeepSpeed's seq_data_parallel_group, Megatron-Core's
+    data-parallel group with context parallelism, torchtitan's FSDP mesh). 8 ranks of Ulysses hold what 8
+    data-parallel ranks hold, and with no data parallelism left their gradient traffic is still paid."""
+    model = load_model("llama-7b")
+    cluster = load_cluster("dgx-h100", {"nodes": 1})
+    for stage in (1, 2, 3):
+        sp = _est(model, cluster, zero_stage=stage, sp=8, global_batch_size=8)
+        dp = _est(model, cluster, zero_stage=stage, global_batch_size=64)  # the same 8 accumulation steps
+        assert (sp.layout.dp, dp.layout.dp) == (1, 8)
+        assert sp.layout.gradient_accumulation_steps == dp.layout.gradient_accumulation_steps == 8
+        assert sp.memory.engine == dp.memory.engine and sp.memory.zero_paper == dp.memory.zero_paper
+        assert sp.time.data_parallel_comm_s > 0
+
+
 def test_zero_offload_fits_13b_on_one_v100() -> None:
     """ZeRO-Offload (Ren et al. 2021, §6): a 13B GPT trains on a single 32 GB V100 with the optimizer on the
     host; without offload it does not fit."""

@@ -28,7 +28,8 @@ def test_ulysses_sp2_trains_the_sp1_computation(tmp_path, prepared_data) -> None
     The losses, the held-out loss and DeepSpeed's gradient norm are the same: the norm is what catches a loss
     that back-propagates the whole micro-batch's loss on every rank (the ALST tutorial's, at ZeRO-2: every
     gradient sp × too large, which AdamW and clipping nearly hide in the losses). The all-to-all bytes DeepSpeed's
-    comms logger counts are the cost model's Ulysses term."""
+    comms logger counts are the cost model's Ulysses term, and the model states each rank holds are the cost
+    model's: ZeRO partitions over data- and sequence-parallel ranks together."""
     runs = {}
     for sp in (1, 2):
         cfg = config(
@@ -52,6 +53,12 @@ def test_ulysses_sp2_trains_the_sp1_computation(tmp_path, prepared_data) -> None
     assert len(norms[2]) == 10 and norms[2] == pytest.approx(norms[1], rel=1e-4, abs=1e-6)
     # 8 validation rows: one micro-batch on each of 2 ranks, or 2 micro-batches over the group
     assert two["evals"][0]["loss"] == pytest.approx(one["evals"][0]["loss"], rel=1e-4, abs=1e-4)
+    # DeepSpeed partitions ZeRO states over the sequence-data-parallel group (dp × sp ranks), so the two ranks of
+    # one sequence-parallel group hold half the states each, as 2 data-parallel ranks do; the estimate agrees
+    for run in (one, two):
+        predicted = run["predicted"]["engine_model_states_bytes"]["total"]
+        assert max(run["model_state_bytes"]["after_backward"]) == pytest.approx(predicted, rel=0.02)
+    assert two["predicted"]["engine_model_states_bytes"] == one["predicted"]["engine_model_states_bytes"]
     # the cost model's Ulysses all-to-all volume is what DeepSpeed's comms logger counted: per training
     # micro-batch a forward and a backward pass, 2 per step, 10 steps; the evaluation adds its 2 micro-batches'
     # forward passes (each rank its slice), i.e. 42 passes where training alone is 40

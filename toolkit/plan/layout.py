@@ -230,6 +230,22 @@ class Layout(LayoutRequest):
         """Ranks that hold replicas of the same experts (the expert-data-parallel group)."""
         return self.dp // self.ep
 
+    @property
+    def zero_dp(self) -> int:
+        """Ranks that hold the same dense parameters and train on different tokens: the data-parallel ranks times
+        the sequence-parallel ones. ZeRO partitions model states over them and gradients are reduced across them
+        — DeepSpeed's `seq_data_parallel_group` ("the process group for zero sharding and gradient allreduce must
+        be across both dimensions of data and sequence parallelism", deepspeed/utils/groups.py), Megatron-Core's
+        data-parallel group `with_context_parallel=True` (distributed optimizer and gradient buffers),
+        torchtitan's FSDP mesh ("This includes dp_shard and cp", distributed/parallel_dims.py). Without SP, dp."""
+        return self.dp * self.sp
+
+    @property
+    def expert_zero_dp(self) -> int:
+        """`zero_dp` for the experts: the expert-data-parallel ranks times the sequence-parallel ones, which see
+        other tokens of the same sequences with the same experts."""
+        return self.expert_dp * self.sp
+
     def describe(self, short: bool = False) -> str:
         """The layout in one line, the only printer of it: `ZeRO-3 tp=1 pp=1 dp=8 micro=2 accum=16 global=256
         recompute=selective bf16` (long, for explanations and reports) or `ZeRO-3 tp1 pp1 dp8 mb2 selective`

@@ -56,7 +56,7 @@ def nvme_param_buffer_size(model: ModelSpec, layout: Layout) -> int:
     pc = count_params(model)
     dense = max(pc.word_embedding, pc.lm_head, pc.largest_dense_leaf) / layout.tp
     expert = pc.largest_expert_leaf / (layout.ep if pc.fused_experts else 1)
-    part = max(dense / layout.dp, expert / max(1, layout.expert_dp))
+    part = max(dense / layout.zero_dp, expert / max(1, layout.expert_zero_dp))
     return -(-math.ceil(part) // 2**20) * 2**20
 
 

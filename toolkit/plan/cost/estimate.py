@@ -348,7 +348,7 @@ def _grad_partition(model: ModelSpec, layout: Layout) -> int | None:
     expert groups), from the HF tensor order; otherwise None (the even share is used)."""
     if layout.zero_stage not in (1, 2) or layout.tp > 1 or layout.pp > 1 or model.is_moe:
         return None
-    return zero_grad_partition(tensor_numels(model), layout.dp)
+    return zero_grad_partition(tensor_numels(model), layout.zero_dp)
 
 
 def _largest_param(pc, layout: Layout, model: ModelSpec) -> float:
@@ -406,7 +406,7 @@ def estimate(
     assert slowest is not None
     # ZeRO-2/3, FSDP and Megatron-Core's overlaps run data-parallel collectives beside compute (ZeRO-0/1's follow
     # backward): price that compute on the SMs NCCL leaves it
-    if layout.dp > 1 and (layout.zero_stage >= 2 or layout.comm_overlap or layout.fsdp is not None):
+    if layout.zero_dp > 1 and (layout.zero_stage >= 2 or layout.comm_overlap or layout.fsdp is not None):
         slowdown = slowed_by_collectives(
             model, pc, cluster, slowest_stage, peak, fp8, slowest.compute.total_s
         )

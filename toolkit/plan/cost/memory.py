@@ -254,10 +254,10 @@ def nvme_param_swap_bytes(layout: Layout, knobs: ZeroKnobs, rank: RankParams, b:
     if layout.offload_param != "nvme":
         return 0.0
     pool = PARAM_SWAP_BUFFERS * b * knobs.nvme_param_buffer_size
-    shard = rank.dense / layout.dp + rank.expert / layout.expert_dp
+    shard = rank.dense / layout.zero_dp + rank.expert / layout.expert_zero_dp
     if shard <= knobs.nvme_max_in_cpu:
         return pool
-    write_back = min(knobs.sub_group_size * layout.dp, rank.dense + rank.expert)
+    write_back = min(knobs.sub_group_size * layout.zero_dp, rank.dense + rank.expert)
     return pool + b * write_back
 
 
@@ -292,7 +292,7 @@ def zero_buffers(
     bucket = min(knobs.reduce_bucket_size, full) if accelerator == "cpu" else knobs.reduce_bucket_size
     prefetch = min(knobs.stage3_prefetch_bucket_size, knobs.stage3_max_live_parameters)
     gathered = min(full, max(knobs.stage3_max_live_parameters, rank.largest_module + prefetch))
-    secondary = b * (rank.dense / hpz_size + rank.expert / layout.expert_dp) if layout.zeropp else 0.0
+    secondary = b * (rank.dense / hpz_size + rank.expert / layout.expert_zero_dp) if layout.zeropp else 0.0
     return b * (bucket + gathered + rank.largest_module) + secondary
 
 
@@ -370,28 +370,28 @@ def stage_memory(
     stage = layout.zero_stage
     b = layout.bytes_per_element
     adam_temp = adam_temporaries(layout, cluster.accelerator)
+    # ZeRO partitions over data- and sequence-parallel ranks (Layout.zero_dp)
+    w, ew = layout.zero_dp, layout.expert_zero_dp
     if trainable is not None:
-        engine = engine_states(trainable, layout.dp, layout, knobs, 0, trainable, adam_temp=adam_temp)
-        frozen = b * (rank.dense + rank.expert) / (layout.dp if stage == 3 else 1)
+        engine = engine_states(trainable, w, layout, knobs, 0, trainable, adam_temp=adam_temp)
+        frozen = b * (rank.dense + rank.expert) / (w if stage == 3 else 1)
         frozen += b * rank.persistent if stage == 3 else 0.0
         engine = EngineStates(
             **{**engine.__dict__, "low_precision_params": engine.low_precision_params + frozen}
         )
-        paper = list(zero_paper_states(trainable, layout.dp, stage, layout.precision))
-        paper[0] = b * (rank.dense_convention + rank.expert + trainable) / (layout.dp if stage == 3 else 1)
+        paper = list(zero_paper_states(trainable, w, stage, layout.precision))
+        paper[0] = b * (rank.dense_convention + rank.expert + trainable) / (w if stage == 3 else 1)
     else:
         dense = engine_states(
-            rank.dense, layout.dp, layout, knobs, rank.persistent, largest_param, grad_partition, adam_temp
+            rank.dense, w, layout, knobs, rank.persistent, largest_param, grad_partition, adam_temp
         )
-        expert = engine_states(
-            rank.expert, layout.expert_dp, layout, knobs, 0, largest_param, adam_temp=adam_temp
-        )
+        expert = engine_states(rank.expert, ew, layout, knobs, 0, largest_param, adam_temp=adam_temp)
         engine = _sum_states(dense, expert)
         paper = [
             x + y
             for x, y in zip(
-                zero_paper_states(rank.dense_convention, layout.dp, stage, layout.precision),
-                zero_paper_states(rank.expert, layout.expert_dp, stage, layout.precision),
+                zero_paper_states(rank.dense_convention, w, stage, layout.precision),
+                zero_paper_states(rank.expert, ew, stage, layout.precision),
                 strict=True,
             )
         ]

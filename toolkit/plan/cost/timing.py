@@ -18,6 +18,8 @@ Data-parallel traffic per ZeRO stage, as DeepSpeed schedules it (Rajbhandari et 
 - stage 3: per micro-batch an all-gather of parameters for forward and one for backward, prefetched behind
   compute, and a reduce-scatter of gradients behind backward (3Ψ per micro-batch instead of 2Ψ per step).
 Only what does not fit in the compute it overlaps with, plus one bucket that cannot overlap, is exposed.
+With sequence parallelism these collectives span the data- and sequence-parallel ranks together
+(`Layout.zero_dp`): each SP rank computes gradients from its own slice of the tokens.
 PyTorch FSDP (`--fsdp`, published FSDP runs) moves the same volumes per micro-batch in one all-gather and one
 reduce-scatter per wrapped block, a block ahead of compute (`_fsdp_exposed_s`).
 """
@@ -108,9 +110,11 @@ def _groups(layout: Layout, cluster: ClusterSpec) -> dict[str, comm.Group]:
     return {
         "tp": comm.group(layout.tp, 1, cluster),
         "sp": comm.group(layout.sp, layout.tp, cluster),
-        "dp": comm.group(layout.dp, tp_sp, cluster),
+        # ZeRO/FSDP shards and gradients reduce over data- and sequence-parallel ranks (Layout.zero_dp); SP is
+        # placed next to TP, so that group is every rank with the same TP index
+        "dp": comm.group(layout.zero_dp, layout.tp, cluster),
         "ep": comm.group(layout.ep, tp_sp, cluster),
-        "edp": comm.group(layout.expert_dp, tp_sp * layout.ep, cluster),
+        "edp": comm.group(layout.expert_zero_dp, layout.tp * layout.ep, cluster),
     }
 
 
@@ -224,7 +228,8 @@ def _dp_exposed_s(
         elif layout.zeropp:
             # ZeRO++ (Wang et al. 2023): int8 weights forward (+ fp32 scale per 2048 values), backward gathers
             # from the secondary partition inside the node, int4 gradients reduce-scattered
-            hpz_size = max(1, min(grp.size, cluster.gpus_per_node // (layout.tp * layout.sp)))
+            # the secondary partition the config sets (integrations/ds_config.py): the node's data-parallel ranks
+            hpz_size = max(1, min(layout.dp, cluster.gpus_per_node // (layout.tp * layout.sp)))
             hpz = comm.group(hpz_size, layout.tp * layout.sp, cluster)
             gather_fwd = comm.all_gather_s(params * (1 + 4 / 2048), grp, cluster, calls=gathers)
             gather_bwd = comm.all_gather_s(params * e, hpz, cluster, calls=gathers)
@@ -284,8 +289,8 @@ def _onebit_allreduce_s(params: float, grp: comm.Group, cluster: ClusterSpec, la
 
 def _optimizer_s(cluster: ClusterSpec, layout: Layout, load: StageLoad) -> tuple[float, float]:
     """(optimizer step seconds, exposed offload transfer seconds)."""
-    shard = load.dense_params / (layout.dp if layout.zero_stage else 1)
-    shard += load.expert_params / (layout.expert_dp if layout.zero_stage else 1)
+    shard = load.dense_params / (layout.zero_dp if layout.zero_stage else 1)
+    shard += load.expert_params / (layout.expert_zero_dp if layout.zero_stage else 1)
     table = UNFUSED_ADAM_BYTES_PER_PARAM if cluster.accelerator == "cpu" else ADAM_BYTES_PER_PARAM
     per_param = table["fp32" if layout.precision == "fp32" else "mixed"]
     pcie = cluster.pcie_gb_per_s * 1e9
@@ -315,7 +320,7 @@ def _param_offload_s(cluster: ClusterSpec, layout: Layout, load: StageLoad, e: i
     and backward); prefetching hides it behind compute up to the compute time."""
     if layout.offload_param == "none":
         return 0.0
-    shard = load.dense_params / layout.dp + load.expert_params / layout.expert_dp
+    shard = load.dense_params / layout.zero_dp + load.expert_params / layout.expert_zero_dp
     if layout.offload_param == "cpu":
         fetch = 2 * shard * e / (cluster.pcie_gb_per_s * 1e9)
         return layout.gradient_accumulation_steps * max(0.0, fetch - load.compute.total_s)
