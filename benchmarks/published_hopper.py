@@ -406,7 +406,7 @@ HOPPER_RUNS: list[tuple[str, str, str, str, float, str]] = [
             f"torchtitan benchmarks/llama3_h100_202412_torchtitan.md (Table {t}, FSDP without torch.compile: "
             f"{tps:,} TPS/GPU; H100 96 GB HBM2e at 500 W)",
             f"--model llama3-8b --cluster grand-teton-h100 --nodes {n // 8} --zero-stage 3 --micro-batch 2 --global-batch "
-            f"{2 * n} --recompute selective --flash-attention --fsdp fp32",
+            f"{2 * n} --recompute ops --flash-attention --fsdp fp32",
             "tok",
             tps,
             "Hopper, PyTorch FSDP, bf16",
@@ -420,16 +420,15 @@ HOPPER_RUNS: list[tuple[str, str, str, str, float, str]] = [
     # saying whether `enable_fsdp_float8_all_gather` was on). Table 2's context parallelism (ring attention) is
     # priced as Ulysses `--sp` of the same degree, as the NeMo CP rows are; Table 4's AsyncTP as --comm-overlap
     # (TP collectives behind the GEMMs). The 8B's "selective" AC is torchtitan's op-level policy (every second
-    # matmul and the elementwise ops recomputed), priced as dstk's selective (the attention core): about the
-    # same recompute time at 8K tokens, not the same memory (dstk reads 8B on 8 GPUs as not fitting; it ran at
-    # 82.4 GiB). Tables 5-6 (405B, FSDP + TP + PP) are not priced: dstk's pipelines run ZeRO <= 1.
+    # matmul and the elementwise ops recomputed; `--recompute ops`, the same `_save_list` at 9dec370 and at the
+    # H200 run's e7c0cae). Tables 5-6 (405B, FSDP + TP + PP) are not priced: dstk's pipelines run ZeRO <= 1.
     *(
         (
             f"torchtitan Llama 3.1 8B, FSDP2 + compile{' + Float8' if fp8 else ''}, {n} H100",
             f"torchtitan benchmarks/llama3_h100_202412_torchtitan.md (Table {t}: {tps:,} TPS/GPU; H100 96 GB HBM2e "
             f"at 500 W)",
             f"--model llama3-8b --cluster grand-teton-h100 --nodes {n // 8} --zero-stage 3 --micro-batch 2 --global-batch "
-            f"{2 * n} --recompute selective --flash-attention --fsdp fp32 --fused-kernels"
+            f"{2 * n} --recompute ops --flash-attention --fsdp fp32 --fused-kernels"
             + (" --precision fp8" if fp8 else ""),
             "tok",
             tps,
@@ -476,7 +475,7 @@ HOPPER_RUNS: list[tuple[str, str, str, str, float, str]] = [
             f"torchtitan Llama 3.1 8B, FSDP2 + compile + Float8, {n} H200",
             f"torchtitan benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md ({tps:,} TPS/GPU)",
             f"--model llama3-8b --cluster h200 --nodes {n // 8} --zero-stage 3 --micro-batch 2 --global-batch {2 * n} "
-            f"--recompute selective --flash-attention --fsdp fp32 --fused-kernels --precision fp8",
+            f"--recompute ops --flash-attention --fsdp fp32 --fused-kernels --precision fp8",
             "tok",
             tps,
             "Hopper, PyTorch FSDP, fp8",

@@ -849,6 +849,16 @@ CASES += [
         ],
         r"^dstk config: error: --fsdp, --fsdp-backward-prefetch: the planner neither searches nor pins these knobs",
     ),
+    (
+        "plan-with-torchtitans-op-recomputation",
+        ["plan", "--model", "llama-7b", "--cluster", "dgx-h100", "--recompute", "ops"],
+        r"^dstk plan: error: --recompute ops: the planner neither searches nor pins this knob",
+    ),
+    (
+        "config-with-torchtitans-op-recomputation",
+        ["config", "--model", "llama-7b", "--cluster", "dgx-h100", "--recompute", "ops", "-o", "{out}"],
+        r"^dstk config: error: --recompute ops: torchtitan's op-level selective checkpointing, priced with --fsdp",
+    ),
     # batch arithmetic: a pinned micro-batch that splits the global batch on no layout
     (
         "plan-micro-batch-that-divides-no-per-rank-batch",

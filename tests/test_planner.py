@@ -76,6 +76,14 @@ RULE_CASES = [
         dict(recompute="full", recompute_every=2),
         r"--recompute-every: torchtitan's and fms-fsdp's block-interval checkpointing",
     ),
+    (
+        "op_recompute_is_torchtitan_fsdp",
+        "llama-7b",
+        "dgx-h100",
+        {},
+        dict(recompute="ops", zero_stage=3),
+        r"--recompute ops: torchtitan's op-level selective checkpointing, priced with --fsdp .*fsdp=None",
+    ),
     ("tp_divides_heads", "gpt2", "dgx-a100-80g", {}, dict(tp=8), r"--tp: n_heads\(12\)"),
     ("pp_le_layers", "tiny-gpt2", "dgx-a100-80g", {}, dict(pp=8), r"--pp: pp\(8\) exceeds n_layers\(4\)"),
     (

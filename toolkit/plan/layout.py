@@ -15,7 +15,7 @@ from toolkit.errors import UserError
 from toolkit.plan.specs import ClusterSpec, Precision
 from toolkit.plan.units import format_tflops
 
-Recompute = Literal["none", "selective", "full"]
+Recompute = Literal["none", "selective", "full", "ops"]
 OffloadDevice = Literal["none", "cpu", "nvme"]
 Optimizer = Literal["adamw", "onebit-adam", "zero-one-adam"]
 
@@ -92,7 +92,9 @@ class LayoutRequest(BaseModel):
     gradient_accumulation_steps: int | None = Field(default=None, gt=0)
     """Micro-batches per optimizer step (default: derived from the global batch, else 1)."""
     recompute: Recompute = "none"
-    """Activation recomputation: none, selective (attention core, Korthikanti et al.), or full."""
+    """Activation recomputation: none, selective (attention core, Korthikanti et al.), full, or ops —
+    torchtitan's op-level selective checkpointing (its Llama default: every matmul's output but every second
+    one's, and the attention's, saved; the rest of each block recomputed), `dstk estimate` with --fsdp only."""
     recompute_every: int | None = Field(default=None, gt=0)
     """With --recompute full: checkpoint only every K-th block, the others keep all their activations
     (torchtitan's `selective_ac_option = K`, fms-fsdp's `selective_checkpointing = K` before 2024-03-21:

@@ -107,6 +107,8 @@ class PlanQuery(BaseModel):
         unplanned = [
             LAYOUT_FLAGS.get(k, k) for k, v in pins.items() if v is not None and k not in cls.model_fields
         ]
+        if pins.get("recompute") == "ops":  # torchtitan's op-level policy, which needs --fsdp
+            unplanned.append("--recompute ops")
         if unplanned:
             raise UserError(
                 f"{', '.join(unplanned)}: the planner neither searches nor pins "

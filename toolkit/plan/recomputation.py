@@ -5,6 +5,7 @@ Full recomputation keeps each block's input and replays its forward in backward.
 replay runs: DeepSpeed's and Megatron's checkpoints are reentrant and replay the whole block; PyTorch's
 non-reentrant checkpoint (HF transformers 5, FSDP's checkpoint wrapper) stops once the tensors backward needs
 are back (Layout.recompute_stops_early; the cost side is toolkit.plan.cost.compute.early_stop_skips).
+torchtitan's op-level policy (`--recompute ops`) saves chosen ops' outputs and replays the rest of each block.
 """
 
 from __future__ import annotations
@@ -45,6 +46,23 @@ def recompute_every_runtime_only(m: ModelSpec, c: ClusterSpec, r: LayoutRequest,
     """Block-interval checkpointing is a runtime dstk prices (torchtitan, fms-fsdp) but does not configure."""
     if r.recompute_every is not None and r.recompute_every > 1:
         return "--recompute-every: torchtitan's and fms-fsdp's block-interval checkpointing; DeepSpeed and Megatron checkpoint every block"
+    return None
+
+
+def op_recompute_is_torchtitan_fsdp(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """`--recompute ops` is torchtitan's op-level selective checkpointing, priced as torchtitan applies it to
+    a dense model's blocks under PyTorch FSDP (toolkit.plan.cost.activations.op_sac_matmuls), whose q, k and v
+    projections are separate matmuls, as in torchtitan's models (a fused QKV counts differently). Its tensor-
+    parallel collectives, MoE grouped GEMMs and pipeline stages fall under other parts of its policy, which
+    dstk does not price; DeepSpeed's and Megatron's checkpoints have no op-level policy."""
+    if r.recompute != "ops":
+        return None
+    if r.fsdp is None or r.tp > 1 or r.pp > 1 or m.is_moe or m.family.fused_qkv:
+        return (
+            "--recompute ops: torchtitan's op-level selective checkpointing, priced with --fsdp for dense models "
+            f"with separate q/k/v projections, without --tp or --pp (got fsdp={r.fsdp}, tp={r.tp}, pp={r.pp}, "
+            f"num_experts={m.num_experts}, architecture={m.architecture})"
+        )
     return None
 
 

@@ -22,6 +22,7 @@ from toolkit.plan.recomputation import (
     early_stop_setting,
     megatron_recomputes_whole_layers,
     offload_activations_needs_full,
+    op_recompute_is_torchtitan_fsdp,
     recompute_every_needs_full,
     recompute_every_runtime_only,
 )
@@ -317,6 +318,7 @@ RULES: tuple[Rule, ...] = (
     Rule("pytorch_fsdp_runtime_only", _pytorch_fsdp_only, scope="runs"),
     Rule("backward_prefetch_needs_fsdp", _backward_prefetch_needs_fsdp),
     Rule("recompute_every_needs_full", recompute_every_needs_full),
+    Rule("op_recompute_is_torchtitan_fsdp", op_recompute_is_torchtitan_fsdp),
     Rule("recompute_every_runtime_only", recompute_every_runtime_only, scope="runs"),
     Rule("early_stop_needs_full_recompute", early_stop_needs_full),
     Rule("early_stop_is_torch_checkpoint", early_stop_is_torch_checkpoint, scope="deepspeed"),

@@ -6,7 +6,8 @@ dropout and MoE blocks. For a GPT block (MHA, 4h GeLU MLP, dropout) in 16-bit pr
 the paper's `s·b·h·(34 + 5·a·s/h)` bytes; with tensor parallelism to `s·b·h·(10 + 24/t + 5·a·s/(h·t))`; with
 tensor + sequence parallelism to `s·b·h·(34 + 5·a·s/h)/t`; with selective recomputation (the attention core
 is recomputed, as FlashAttention does by construction) the `a·s²` terms vanish; with full recomputation only
-the block input is kept (`2·s·b·h`), plus one block's activations rebuilt during its backward.
+the block input is kept (`2·s·b·h`), plus one block's activations rebuilt during its backward; with
+torchtitan's op-level policy (`ops`) the block input and the outputs of the ops it saves (`op_sac_matmuls`).
 
 With `offload_activations` (DeepSpeed's `cpu_checkpointing`, ZeRO-Infinity §5.1.3) the block inputs of full
 recomputation move to host memory and only the newest few stay on the device.
@@ -28,6 +29,54 @@ OFFLOAD_KEPT_ON_DEVICE = 3
 """Block inputs still on the GPU with `cpu_checkpointing`: DeepSpeed's offload engine keeps the newest one
 (keep_last_count=1) and references up to two more until their asynchronous device-to-host copies finish
 (runtime/activation_checkpointing/offload_activations.py, checkpointing.py:498-511; DeepSpeed 0.19.8)."""
+
+
+SDPA_LSE_BYTES = 4
+"""The fused attention kernel's log-sum-exp, fp32 per head and token, which it returns beside its output."""
+
+
+def block_matmuls(model: ModelSpec, tp: int = 1) -> list[tuple[float, float, bool]]:
+    """(in, out, bias) of a dense block's linear layers on one TP rank, in the order a Llama-style block runs
+    them — torchtitan's and HF's alike: the q, k, v and output projections, then the MLP's gate, up and down
+    (up and down without a gate)."""
+    h = model.hidden_size
+    q_w, kv_w = model.n_heads * model.head_dim / tp, model.n_kv_heads * model.head_dim / tp
+    ffn, mlp_bias = model.ffn_hidden_size / tp, bool(model.mlp_bias)
+    mlp = [(h, ffn, mlp_bias)] * (2 if model.gated_mlp else 1) + [(ffn, h, mlp_bias)]
+    qkv_bias = bool(model.attention_bias)
+    return [
+        (h, q_w, qkv_bias),
+        (h, kv_w, qkv_bias),
+        (h, kv_w, qkv_bias),
+        (q_w, h, bool(model.attention_out_bias)),
+        *mlp,
+    ]
+
+
+def op_sac_matmuls(
+    model: ModelSpec, tp: int = 1
+) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """((in, out) saved, (in, out) replayed) linear layers of a block under torchtitan's op-level selective
+    checkpointing (`--recompute ops`; torchtitan@9dec370 torchtitan/parallelisms/parallelize_llama.py,
+    `_save_list` and `_custom_policy`, the Llama 3 configs' `selective_ac_option = 'op'`). The policy counts
+    the block's aten.mm calls and saves each one's output but every second one's — in a Llama block q, v, gate
+    and down are saved, k, the output projection and up recomputed — and saves the flash attention kernel's
+    outputs (and reduce-scatters' and amax's); every other op is replayed from the block input in backward. A
+    linear layer with a bias runs aten.addmm, which the policy neither counts nor saves. The wrapper keeps
+    torch's early stop (torchtitan@9dec370 passes none; torchtitan now turns it off), so a down projection left
+    to the replay (a biased one) never runs again unless dropout after it saves a mask
+    (toolkit.plan.cost.compute.early_stop_skips)."""
+    saved: list[tuple[float, float]] = []
+    replayed: list[tuple[float, float]] = []
+    mm = 0
+    matmuls = block_matmuls(model, tp)
+    for i, (k, n, bias) in enumerate(matmuls):
+        mm += 0 if bias else 1
+        if not bias and mm % 2:
+            saved.append((k, n))
+        elif i < len(matmuls) - 1 or model.dropout:
+            replayed.append((k, n))
+    return saved, replayed
 
 
 @dataclass(frozen=True)
@@ -140,6 +189,12 @@ def block_bytes(
     if recompute == "full":
         stored = act_bytes * model.hidden_size * tokens
         return stored / tp if sequence_parallel else stored
+    if recompute == "ops":
+        # the block input, the saved matmuls' outputs, the attention output and its log-sum-exp
+        saved, _ = op_sac_matmuls(model, tp)
+        attention = model.n_heads * model.head_dim / tp
+        width = model.hidden_size + sum(out for _, out in saved) + attention
+        return tokens * (act_bytes * width + SDPA_LSE_BYTES * model.n_heads / tp)
     terms = block_terms(model, tokens, act_bytes, moe, fp8_inputs)
     if recompute == "selective":
         terms = ActivationTerms(terms.sharded, terms.replicated, 0.0)
@@ -182,13 +237,13 @@ def stage_activations(
     model: ModelSpec, layout: Layout, index: int, blocks: int, moe_blocks: int, per_micro: float
 ) -> float:
     """Activations a rank of stage `index` keeps at its peak: in-flight micro-batches × its blocks, plus the
-    rebuilt block of full recomputation, plus the logits on the last stage."""
+    rebuilt block of full (or op-level) recomputation, plus the logits on the last stage."""
     e = layout.bytes_per_element
     total = in_flight(layout, index) * per_micro
     if layout.offload_activations and blocks:
         # the block inputs live in host memory; the device keeps the newest few (OFFLOAD_KEPT_ON_DEVICE)
         total = min(blocks, OFFLOAD_KEPT_ON_DEVICE) * per_micro / blocks
-    if layout.recompute == "full" and blocks:
+    if layout.recompute in ("full", "ops") and blocks:
         total += block_bytes(
             model,
             layout.micro_batch_size,

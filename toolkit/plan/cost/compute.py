@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from toolkit.plan.architectures import ACTIVATIONS
-from toolkit.plan.cost.activations import MASK_BYTES
+from toolkit.plan.cost.activations import MASK_BYTES, op_sac_matmuls
 from toolkit.plan.cost.fp8 import CastTraffic, Fp8Gemms, Linear, cast_traffic
 from toolkit.plan.params import ParamCount
 from toolkit.plan.specs import ClusterSpec, ModelSpec
@@ -174,6 +174,10 @@ class BlockTime:
     backward_s: float
     per_step_s: float = 0.0
     """FP8 weight casts done once per optimizer step (Transformer Engine's cached weights)."""
+    op_sac_s: float = 0.0
+    """The replay of torchtitan's op-level selective checkpointing in backward (`--recompute ops`): the
+    matmuls its policy does not save, and every memory-bound op of the block (norms, rotary, the MLP's
+    activation and gate product, residual adds, FP8 casts), for a dense block."""
 
 
 def block_time(
@@ -221,7 +225,8 @@ def block_time(
     passes = (replicated / tp if sequence_parallel else replicated) + act * ffn_tp
     if not fused and model.position_embedding == "rope":
         passes += ROTARY_EAGER_PASSES * (q_w + kv_w) / tp
-    t += passes * e * m / hbm
+    elementwise = passes * e * m / hbm
+    t += elementwise
     issue = kernels_per_block(model, fused, flash) * cluster.kernel_launch_us * 1e-6
     casts = cast_traffic(linears, e, fp8.recipe) if fp8 else CastTraffic(0, 0, 0, 0)
     launch = cluster.kernel_launch_us * 1e-6
@@ -229,9 +234,12 @@ def block_time(
     times = 1 if frozen else 2
     b_work, b_issue = times * t + casts.backward_bytes / hbm, times * issue + casts.backward_kernels * launch
     per_step = casts.per_step_bytes / hbm
+    _, replayed = op_sac_matmuls(model, tp)
+    sac = sum(_linear_s(Linear(m, k, n, k * n), e, peak, cluster, fp8) for k, n in replayed)
+    sac += elementwise + casts.forward_bytes / hbm
     if cluster.accelerator == "cpu":  # the same thread issues and computes
-        return BlockTime(f_work + f_issue, b_work + b_issue, per_step)
-    return BlockTime(max(f_work, f_issue), max(b_work, b_issue), per_step)
+        return BlockTime(f_work + f_issue, b_work + b_issue, per_step, sac + f_issue)
+    return BlockTime(max(f_work, f_issue), max(b_work, b_issue), per_step, max(sac, f_issue))
 
 
 def attention_efficiency(cluster: ClusterSpec) -> float:
@@ -326,7 +334,8 @@ def stage_compute(
     decoder layer, llm-foundry's `activation_checkpointing_fn` each MPTBlock, DeepSpeed's checkpointing the
     layers it wraps), and Narayanan et al. 2021's hardware-FLOPs formula (eq. 3) counts the logit layer three
     times, not four. Selective repeats the attention core; full with `recompute_every` K > 1 repeats the
-    forward of the stage's blocks whose count is a multiple of K (blocks // K of them). With `early_stop`
+    forward of the stage's blocks whose count is a multiple of K (blocks // K of them); torchtitan's op-level
+    policy (`ops`) replays what it does not save (BlockTime.op_sac_s). With `early_stop`
     (the layout's checkpoint stops early and `early_stop_skips` says it can stop before the down projection)
     the dense blocks' last linear layer is not recomputed.
     """
@@ -344,12 +353,13 @@ def stage_compute(
         ep=ep,
         fp8=fp8,
     )
-    fwd = bwd = per_step = 0.0
+    fwd = bwd = per_step = op_sac = 0.0
     for count, moe in ((dense_layers, False), (moe_layers, True)):
         if count:
             block = block_time(model, pc, cluster, moe=moe, **common)
             fwd, bwd = fwd + count * block.forward_s, bwd + count * block.backward_s
             per_step += count * block.per_step_s
+            op_sac += 0.0 if moe else count * block.op_sac_s
     attention_fwd = (dense_layers + moe_layers) * attention_core_s(
         model, cluster, tokens / sp, e, tp, peak, flash
     )
@@ -363,7 +373,7 @@ def stage_compute(
     if early_stop and recompute == "full" and dense_layers:
         tail = block_linears(model, tokens / sp, tp, False, ep)[-1]
         blocks_fwd -= dense_layers * _linear_s(tail, e, peak, cluster, fp8)
-    recompute_s = blocks_fwd if recompute == "full" else attention_fwd if recompute == "selective" else 0.0
+    recompute_s = {"full": blocks_fwd, "selective": attention_fwd, "ops": op_sac}.get(recompute, 0.0)
     if recompute == "full" and recompute_every > 1 and blocks:
         recompute_s = blocks_fwd * (blocks // recompute_every) / blocks
     return StageCompute(forward_s=fwd, backward_s=bwd, recompute_s=recompute_s, per_step_s=per_step)

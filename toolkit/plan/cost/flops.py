@@ -14,6 +14,7 @@ experts. The same model FLOPs price a training run (`dstk plan --tokens`) and re
 
 from __future__ import annotations
 
+from toolkit.plan.cost.activations import op_sac_matmuls
 from toolkit.plan.params import count_params
 from toolkit.plan.specs import ModelSpec
 
@@ -65,7 +66,7 @@ def hardware_flops_per_token(
     checkpoint block by block; Narayanan et al. 2021, eq. 3, counts the logit layer 3 times: 96·B·s·l·h²·(1 +
     s/6h + V/16lh)); `early_stop` (a checkpoint that stops before each dense block's last linear layer,
     toolkit.plan.cost.compute.early_stop_skips) leaves that layer's 2·ffn·h per token out of it; selective
-    recomputation repeats the attention core.
+    recomputation repeats the attention core; torchtitan's op-level policy (`ops`) the matmuls it does not save.
     """
     pc = count_params(model)
     padding = pc.n_moe_layers * pc.moe_top_k * pc.expert * max(0.0, model.moe_capacity_factor - 1)
@@ -79,4 +80,7 @@ def hardware_flops_per_token(
         total += share * (2 * (matmul_params(model) - head + padding - tail) + attention_forward)
     elif recompute == "selective":
         total += attention_forward
+    elif recompute == "ops":
+        _, replayed = op_sac_matmuls(model)
+        total += 2 * pc.n_dense_layers * sum(k * n for k, n in replayed)
     return total
