@@ -514,3 +514,25 @@ HOPPER_RUNS: list[tuple[str, str, str, str, float, str]] = [
         )
     ),
 ]
+
+# Memory the torchtitan reports give beside their throughput: `max_reserved_gib` of torch.cuda.memory_stats (the
+# peak the caching allocator reserved, which is at least what was live; train.py:393 @9dec370,
+# components/metrics.py:403 @e7c0cae), GiB. The H200 run's torchtitan (e7c0cae) compiles the loss with the model
+# (components/loss.py:27-29), which keeps no fp32 copy of the logits; dstk prices the eager loss the December 2024
+# runs used (9dec370 train.py:131-138, the compile commented out), 12·s·b·V bytes.
+PUBLISHED_MEMORY_GIB: dict[str, float] = {
+    "torchtitan Llama 3.1 8B, FSDP2, 8 H100": 82.4,
+    "torchtitan Llama 3.1 8B, FSDP2 + compile, 8 H100": 77.0,
+    "torchtitan Llama 3.1 8B, FSDP2 + compile + Float8, 8 H100": 76.8,
+    "torchtitan Llama 3.1 8B, FSDP2, 128 H100": 67.0,
+    "torchtitan Llama 3.1 8B, FSDP2 + compile, 128 H100": 62.0,
+    "torchtitan Llama 3.1 8B, FSDP2 + compile + Float8, 128 H100": 61.8,
+    "torchtitan Llama 3.1 8B, FSDP8 CP1 + compile + Float8, 32K tokens, 8 H100": 83.9,
+    "torchtitan Llama 3.1 8B, FSDP4 CP2 + compile + Float8, 64K tokens, 8 H100": 84.2,
+    "torchtitan Llama 3.1 8B, FSDP2 CP4 + compile + Float8, 128K tokens, 8 H100": 84.0,
+    "torchtitan Llama 3.1 8B, FSDP1 CP8 + compile + Float8, 256K tokens, 8 H100": 84.5,
+    "torchtitan Llama 3.1 70B, FSDP32 TP8 + compile + Float8, 256 H100": 71.9,
+    "torchtitan Llama 3.1 70B, FSDP32 TP8 AsyncTP + compile + Float8, 256 H100": 67.6,
+    "torchtitan Llama 3.1 8B, FSDP2 + compile + Float8, 32 H200": 47.96,
+    "torchtitan Llama 3.1 8B, FSDP2 + compile + Float8, 64 H200": 46.97,
+}

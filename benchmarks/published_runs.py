@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import result_path, write_json
-from benchmarks.published_hopper import HOPPER_MODELS, HOPPER_RUNS
+from benchmarks.published_hopper import HOPPER_MODELS, HOPPER_RUNS, PUBLISHED_MEMORY_GIB
 
 # Narayanan et al. 2021, Table 1 (weak scaling): (billions, heads, hidden, layers, t, p, GPUs, batch, TFLOP/s
 # per GPU with recomputation); GPT, vocabulary 51,200, sequence 2048, fp16, Megatron's fused kernels and
@@ -223,6 +223,20 @@ def summary(rows: list[dict]) -> list[str]:
     return out
 
 
+def memory_summary(rows: list[dict]) -> list[str]:
+    """dstk's memory per GPU against what the reports that give it measured (PUBLISHED_MEMORY_GIB: the
+    allocator's reserved peak, at least what was live), by GPU."""
+    out = []
+    for gpu in ("H100", "H200"):
+        ratios = [r["memory_ratio"] for r in rows if "memory_ratio" in r and r["run"].endswith(gpu)]
+        if ratios:
+            out.append(
+                f"torchtitan memory on {gpu}, dstk / reported reserved peak: {len(ratios)} runs, "
+                f"×{min(ratios):.2f}–{max(ratios):.2f}"
+            )
+    return out
+
+
 def estimate_json(flags: list[str], context: object = None) -> dict:
     """`dstk estimate FLAGS --json` run in this process (no start-up per row), parsed; `context` names the
     row when the estimate refuses it."""
@@ -286,15 +300,22 @@ def main() -> int:
                 "memory_gib": est["memory_per_gpu_bytes"]["total"] / 2**30,
             }
         )
+        if label in PUBLISHED_MEMORY_GIB:
+            rows[-1]["published_memory_gib"] = PUBLISHED_MEMORY_GIB[label]
+            rows[-1]["memory_ratio"] = rows[-1]["memory_gib"] / PUBLISHED_MEMORY_GIB[label]
         print(
             f"{value / published:5.2f}  {value:9.3f} vs {published:8.3f} {metric:5s} fits={est['fits']!s:5s} {label}"
         )
+    memory = memory_summary(rows)
+    print("\n".join(memory))
     write_report(
         "published_runs",
         rows,
         "# dstk estimate vs published training runs\n\nCommand: `python benchmarks/published_runs.py`. "
-        "Metric: hw = TFLOP/s per GPU with recomputation, model = without, mfu, tok = tokens/s per GPU.",
-        ["run", "source", "metric", "published", "dstk", "ratio", "fits"],
+        "Metric: hw = TFLOP/s per GPU with recomputation, model = without, mfu, tok = tokens/s per GPU. "
+        "Memory: dstk's GiB per GPU, and the reserved peak where the report gives it.\n\n"
+        + "".join(f"- {line}\n" for line in memory),
+        ["run", "source", "metric", "published", "dstk", "ratio", "fits", "dstk GiB", "reported GiB"],
         lambda r: [
             r["run"],
             r["source"],
@@ -303,6 +324,8 @@ def main() -> int:
             f"{r['predicted']:.4g}",
             f"{r['ratio']:.2f}",
             str(r["fits"]),
+            f"{r['memory_gib']:.1f}",
+            f"{r['published_memory_gib']:g}" if "published_memory_gib" in r else "",
         ],
     )
     return 0

@@ -129,6 +129,35 @@ def test_eager_torchao_casts_move_33_bytes_per_element_six_times_per_linear() ->
     assert (t.forward_kernels, t.backward_kernels) == (20, 43)
 
 
+def test_compiled_torchao_casts_are_single_pass_every_micro_batch() -> None:
+    """torchao under torch.compile (a `--fsdp --fused-kernels` run, torchtitan's): fused casts as TE's, one
+    kernel each, but the weights cast with the inputs in every forward (no cached copies), nothing per step."""
+    m, k, n = 100, 30, 50
+    t = cast_traffic([Linear(m, k, n, k * n)], 2, "tensorwise", compiled=True)
+    assert (t.forward_bytes, t.backward_bytes, t.per_step_bytes) == ((m * k + k * n) * 4, m * n * 4, 0)
+    assert (t.forward_kernels, t.backward_kernels) == (2, 1)
+
+
+def test_pytorch_fsdp_runs_cast_with_torchao_and_keep_no_fp8_weight_copies() -> None:
+    """A PyTorch FSDP layout (torchtitan) casts with torchao, compiled or not: no Transformer Engine weight
+    workspace, no FP8 copies of saved inputs, no amax all-reduce; compiled, the eager casts' fp32 temporaries
+    are gone too."""
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", {"nodes": 2})
+    base = dict(zero_stage=3, micro_batch_size=1, recompute="ops", precision="fp8", fsdp="bf16")
+    compiled = _est(model, cluster, fused_kernels=True, **base)
+    eager = _est(model, cluster, **base)
+    gpt = load_model("gpt3-13b")  # a block Transformer Engine's layer builds, under Megatron and under FSDP
+    fused = dict(micro_batch_size=1, precision="fp8", fused_kernels=True)
+    te = _est(gpt, cluster, scopes=MEGATRON, zero_stage=1, **fused)
+    te_fsdp = _est(gpt, cluster, zero_stage=3, fsdp="bf16", **fused)
+    assert compiled.layout.fp8_recipe == eager.layout.fp8_recipe == te_fsdp.layout.fp8_recipe == "tensorwise"
+    assert te.layout.fp8_recipe == "delayed" and te.memory.fp8_weight_copies > 0
+    assert te_fsdp.memory.fp8_weight_copies == 0
+    assert compiled.memory.fp8_weight_copies == eager.memory.fp8_weight_copies == 0
+    assert compiled.memory.total < eager.memory.total  # the eager casts' temporaries
+    assert compiled.time.compute_s < eager.time.compute_s
+
+
 def test_transformer_engine_saves_fp8_linear_inputs_and_keeps_fp8_weight_copies() -> None:
     """A GPT block (tp = 1, fused attention): the QKV and MLP inputs and the fc2 input are saved as one byte
     instead of two, the attention output gets an FP8 copy beside its bf16 one — 2h + 4h − h = 5h bytes fewer

@@ -204,10 +204,11 @@ class Layout(LayoutRequest):
     def fp8_recipe(self) -> Literal["delayed", "tensorwise"] | None:
         """How the linear layers' GEMMs get FP8 operands (None: not an fp8 layout): Transformer Engine's delayed
         scaling in Megatron-DeepSpeed's fused blocks, torchao.float8's dynamic tensorwise scaling in the eager
-        HF modules dstk train runs. toolkit/plan/cost/fp8.py prices both."""
+        HF modules dstk train runs and in PyTorch FSDP runs (torchtitan; compiled with --fused-kernels).
+        toolkit/plan/cost/fp8.py prices them."""
         if self.precision != "fp8":
             return None
-        return "delayed" if self.fused_kernels else "tensorwise"
+        return "delayed" if self.fused_kernels and self.fsdp is None else "tensorwise"
 
     @property
     def recompute_stops_early(self) -> bool:

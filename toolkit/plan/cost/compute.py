@@ -228,7 +228,7 @@ def block_time(
     elementwise = passes * e * m / hbm
     t += elementwise
     issue = kernels_per_block(model, fused, flash) * cluster.kernel_launch_us * 1e-6
-    casts = cast_traffic(linears, e, fp8.recipe) if fp8 else CastTraffic(0, 0, 0, 0)
+    casts = cast_traffic(linears, e, fp8.recipe, fp8.compiled) if fp8 else CastTraffic(0, 0, 0, 0)
     launch = cluster.kernel_launch_us * 1e-6
     f_work, f_issue = t + casts.forward_bytes / hbm, issue + casts.forward_kernels * launch
     times = 1 if frozen else 2
@@ -275,7 +275,9 @@ def attention_core_s(
     return 2 * bmm + (softmax + dropout) / hbm
 
 
-def early_stop_skips(model: ModelSpec, lora: str | None = None, fp8_recipe: str | None = None) -> bool:
+def early_stop_skips(
+    model: ModelSpec, lora: str | None = None, fp8_recipe: str | None = None, compiled: bool = False
+) -> bool:
     """Whether a non-reentrant checkpoint that stops early (Layout.recompute_stops_early) leaves a dense
     block's last linear layer out of its recomputation. Autograd saves an op's inputs before it runs the
     kernel, and the pack hook that receives the forward's last saved tensor stops the recomputation there
@@ -290,7 +292,7 @@ def early_stop_skips(model: ModelSpec, lora: str | None = None, fp8_recipe: str 
     its backward graph recomputes only what it needs, which the down projection's output is not.
     tests/test_recompute_early_stop.py counts the GEMMs of HF models' backward, with torch's, DeepSpeed's,
     torchao's and peft's LoRA linear layers, to check this."""
-    if model.dropout or fp8_recipe == "tensorwise":
+    if model.dropout or (fp8_recipe == "tensorwise" and not compiled):
         return False
     if lora is None:
         return True

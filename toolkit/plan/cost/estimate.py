@@ -330,7 +330,7 @@ def _fp8_memory(model: ModelSpec, layout: Layout, st: _Stage) -> tuple[float, fl
         if count:
             linears = block_linears(model, m, layout.tp, moe, layout.ep)
             copies += weight_copies_bytes(linears, count, recipe)
-            transient = max(transient, cast_transient_bytes(linears, recipe))
+            transient = max(transient, cast_transient_bytes(linears, recipe, layout.fused_kernels))
     return copies, transient
 
 
@@ -365,7 +365,7 @@ def estimate(
     e = layout.bytes_per_element
     # everything but the linear layers' FP8 GEMMs runs at the engine's (bf16) rate
     peak = cluster.peak_flops(engine_precision(layout.precision))
-    fp8 = fp8_gemms(cluster, layout.fp8_recipe)
+    fp8 = fp8_gemms(cluster, layout.fp8_recipe, layout.fused_kernels)
     memory = estimate_memory(model, cluster, layout, knobs)
     slowest: StageLoad | None = None
     slowest_stage: dict[str, Any] = {}

@@ -131,7 +131,7 @@ def _micro_comm_s(model: ModelSpec, cluster: ClusterSpec, layout: Layout, load: 
         routed = model.moe_top_k * model.moe_capacity_factor
         t += calls * comm.all_to_all_s(tokens * routed * h * e / layout.tp, g["ep"], cluster)
     if layout.sp > 1:
-        passes = 3 if full else 2
+        passes = 3 if layout.recompute in ("full", "ops") else 2  # the replay all-to-alls q, k, v again
         per_call = sp_all_to_all_bytes(model, layout, 1, e) / passes
         t += passes * load.n_blocks * comm.all_to_all_s(per_call, g["sp"], cluster)
     if layout.pp > 1:
@@ -151,7 +151,9 @@ def skips_down_projection(model: ModelSpec, layout: Layout) -> bool:
     """Whether full recomputation in this layout leaves each dense block's down projection out: the
     runtime's checkpoint stops early (Layout.recompute_stops_early) and nothing after that GEMM saves a tensor
     (toolkit.plan.cost.compute.early_stop_skips)."""
-    return layout.recompute_stops_early and early_stop_skips(model, layout.lora, layout.fp8_recipe)
+    return layout.recompute_stops_early and early_stop_skips(
+        model, layout.lora, layout.fp8_recipe, layout.fused_kernels
+    )
 
 
 def _tp_comm_s(model: ModelSpec, cluster: ClusterSpec, layout: Layout, load: StageLoad, e: int) -> float:
