@@ -420,8 +420,8 @@ HOPPER_RUNS: list[tuple[str, str, str, str, float, str]] = [
     # saying whether `enable_fsdp_float8_all_gather` was on). Table 2's context parallelism (ring attention) is
     # priced as Ulysses `--sp` of the same degree, as the NeMo CP rows are; Table 4's AsyncTP as --comm-overlap
     # (TP collectives behind the GEMMs). The 8B's "selective" AC is torchtitan's op-level policy (every second
-    # matmul and the elementwise ops recomputed; `--recompute ops`, the same `_save_list` at 9dec370 and at the
-    # H200 run's e7c0cae). Tables 5-6 (405B, FSDP + TP + PP) are not priced: dstk's pipelines run ZeRO <= 1.
+    # matmul and the elementwise ops recomputed; `--recompute ops`: 9dec370's `_save_list`, the H200 run's e7c0cae
+    # the same less aten.abs). Tables 5-6 (405B, FSDP + TP + PP) are not priced: dstk's pipelines run ZeRO <= 1.
     *(
         (
             f"torchtitan Llama 3.1 8B, FSDP2 + compile{' + Float8' if fp8 else ''}, {n} H100",

@@ -2,7 +2,7 @@
 
 torchtitan wraps each block in torch's checkpoint wrapper with a selective-checkpointing policy that saves the
 outputs of aten.mm — all but every second one — and of the attention kernel, and replays everything else
-(torchtitan@9dec370 torchtitan/parallelisms/parallelize_llama.py; the same `_save_list` at e7c0cae). Here that
+(torchtitan@9dec370 torchtitan/parallelisms/parallelize_llama.py; e7c0cae drops aten.abs from its `_save_list`). Here that
 policy, copied as torchtitan writes it, runs on the blocks of HF models built from configs, wrapped as
 torchtitan wraps its own; what it saved in forward and the GEMMs it ran again in backward are counted and
 compared with the cost model's terms (toolkit.plan.cost.activations.op_sac_matmuls, block_bytes; flops).
@@ -37,10 +37,12 @@ def _tiny(preset: str) -> ModelSpec:
     return load_model(preset).model_copy(update=shape)
 
 
-def _torchtitan_sac(spec: ModelSpec) -> dict[str, float]:
+def _torchtitan_sac(spec: ModelSpec, float8: bool = False) -> dict[str, float]:
     """One forward and backward of the HF model from `spec` (fp32, SDPA) with torchtitan's op-level policy on
     every decoder layer: bytes the policy saved per block, FLOPs of the GEMMs replayed per block (backward's
-    GEMMs less those of the same model without checkpointing), and whether the gradients equal that model's."""
+    GEMMs less those of the same model without checkpointing), and whether the gradients equal that model's.
+    `float8`: the linear layers converted to torchao's Float8Linear as dstk train converts them (emulated on
+    the CPU), under e7c0cae's list, which no longer saves `abs` (9dec370's would keep every cast's)."""
     import torch
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -57,10 +59,9 @@ def _torchtitan_sac(spec: ModelSpec) -> dict[str, float]:
         aten._scaled_dot_product_flash_attention.default,
         aten._scaled_dot_product_flash_attention_for_cpu.default,
         torch.ops._c10d_functional.reduce_scatter_tensor.default,
-        aten.abs.default,
         aten.max.default,
-    }
-    seen = {"saved_bytes": 0.0, "replayed_flops": 0.0}
+    } | (set() if float8 else {aten.abs.default})
+    seen = {"saved_bytes": 0.0, "replayed_flops": 0.0, "amax_bytes": 0.0}
 
     def _get_custom_policy(meta):
         def _custom_policy(ctx, func, *args, **kwargs):
@@ -73,7 +74,9 @@ def _torchtitan_sac(spec: ModelSpec) -> dict[str, float]:
             if to_save and not ctx.is_recompute:
                 outputs = ctx.op_output if isinstance(ctx.op_output, tuple) else (ctx.op_output,)
                 tensors = [t for t in outputs if isinstance(t, torch.Tensor)]
-                seen["saved_bytes"] += sum(t.numel() * t.element_size() for t in tensors)
+                size = sum(t.numel() * t.element_size() for t in tensors)
+                # the casts' amaxes, one fp32 scalar each, which dstk leaves out
+                seen["amax_bytes" if func == aten.max.default else "saved_bytes"] += size
             return CheckpointPolicy.MUST_SAVE if to_save else CheckpointPolicy.PREFER_RECOMPUTE
 
         return _custom_policy
@@ -88,6 +91,11 @@ def _torchtitan_sac(spec: ModelSpec) -> dict[str, float]:
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(plain.state_dict())
+    if float8:
+        from toolkit.run.fp8 import convert
+
+        for m in (plain, model):
+            convert(m, emulate=True)
     layers = model.model.layers
     for i, layer in enumerate(layers):
         layers[i] = checkpoint_wrapper(
@@ -119,7 +127,9 @@ def _torchtitan_sac(spec: ModelSpec) -> dict[str, float]:
         torch.allclose(p.grad, grads[n.replace("._checkpoint_wrapped_module", "")].grad, rtol=1e-5, atol=1e-7)
         for n, p in model.named_parameters()
     )
+    seen["amaxes"] = seen.pop("amax_bytes", 0.0)
     return {
+        "amaxes": seen["amaxes"] / spec.n_layers,
         "saved_bytes": seen["saved_bytes"] / spec.n_layers,
         "replayed_flops": seen["replayed_flops"] / spec.n_layers,
         "same_grads": same,
@@ -141,6 +151,22 @@ def test_the_cost_model_keeps_and_replays_what_torchtitans_policy_does(preset: s
     predicted = block_bytes(spec, BATCH, 4, 1, False, "ops")
     assert run["saved_bytes"] + block_input == pytest.approx(predicted, rel=1e-9)
     added = hardware_flops_per_token(spec, "ops") - hardware_flops_per_token(spec, "none")
+    assert run["replayed_flops"] == pytest.approx(added * BATCH * SEQ / spec.n_layers, rel=1e-9)
+
+
+def test_torchao_float8_linear_layers_all_count_as_matmuls() -> None:
+    """torchao's Float8Linear runs aten.mm and adds its bias apart, so under Float8 the policy counts Qwen2's
+    biased q, k and v projections too and saves q, v, gate and down as in Llama (op_sac_matmuls' `float8`):
+    checked with dstk train's conversion (emulated) through torch's SAC. The casts' amaxes, one fp32 scalar
+    each, are saved too and left out of dstk's figure."""
+    spec = _tiny("qwen2-7b")
+    run = _torchtitan_sac(spec, float8=True)
+    assert run["same_grads"] and 0 < run["amaxes"] <= 4 * 3 * 7  # fp32 scalars, ≤ 3 casts per linear layer
+    block_input = BATCH * SEQ * spec.hidden_size * 4
+    predicted = block_bytes(spec, BATCH, 4, 1, False, "ops", float8="eager")
+    assert predicted != block_bytes(spec, BATCH, 4, 1, False, "ops")  # torch's linear layers differ
+    assert run["saved_bytes"] + block_input == pytest.approx(predicted, rel=1e-9)
+    added = hardware_flops_per_token(spec, "ops", float8="eager") - hardware_flops_per_token(spec, "none")
     assert run["replayed_flops"] == pytest.approx(added * BATCH * SEQ / spec.n_layers, rel=1e-9)
 
 

@@ -52,16 +52,17 @@ def recompute_every_runtime_only(m: ModelSpec, c: ClusterSpec, r: LayoutRequest,
 def op_recompute_is_torchtitan_fsdp(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
     """`--recompute ops` is torchtitan's op-level selective checkpointing, priced as torchtitan applies it to
     a dense model's blocks under PyTorch FSDP (toolkit.plan.cost.activations.op_sac_matmuls), whose q, k and v
-    projections are separate matmuls, as in torchtitan's models (a fused QKV counts differently). Its tensor-
+    projections are separate matmuls, as in torchtitan's models (a fused QKV, or LoRA's adapter matmuls, count
+    differently). Its tensor-
     parallel collectives, MoE grouped GEMMs and pipeline stages fall under other parts of its policy, which
     dstk does not price; DeepSpeed's and Megatron's checkpoints have no op-level policy."""
     if r.recompute != "ops":
         return None
-    if r.fsdp is None or r.tp > 1 or r.pp > 1 or m.is_moe or m.family.fused_qkv:
+    if r.fsdp is None or r.tp > 1 or r.pp > 1 or r.lora or m.is_moe or m.family.fused_qkv:
         return (
             "--recompute ops: torchtitan's op-level selective checkpointing, priced with --fsdp for dense models "
-            f"with separate q/k/v projections, without --tp or --pp (got fsdp={r.fsdp}, tp={r.tp}, pp={r.pp}, "
-            f"num_experts={m.num_experts}, architecture={m.architecture})"
+            f"with separate q/k/v projections, without --tp, --pp or --lora (got fsdp={r.fsdp}, tp={r.tp}, "
+            f"pp={r.pp}, lora={r.lora}, num_experts={m.num_experts}, architecture={m.architecture})"
         )
     return None
 

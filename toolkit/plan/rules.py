@@ -387,7 +387,7 @@ def resolve_layout(
     )
     fields.update(
         flash_attention=runtime_flash_attention(
-            model, request.flash_attention, request.fused_kernels, request.precision
+            model, request.flash_attention, request.fused_kernels, request.precision, request.fsdp is not None
         ),
         precision=request.precision or default_precision(cluster),
         dp=dp,

@@ -53,28 +53,39 @@ def block_matmuls(model: ModelSpec, tp: int = 1) -> list[tuple[float, float, boo
     ]
 
 
+def torchao_linears(recipe: str | None, compiled: bool) -> str | None:
+    """ "eager" or "compiled" where the linear layers are torchao's Float8Linear (an fp8 layout's `tensorwise`
+    recipe), else None (torch's nn.Linear)."""
+    if recipe != "tensorwise":
+        return None
+    return "compiled" if compiled else "eager"
+
+
 def op_sac_matmuls(
-    model: ModelSpec, tp: int = 1
+    model: ModelSpec, tp: int = 1, float8: str | None = None
 ) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
     """((in, out) saved, (in, out) replayed) linear layers of a block under torchtitan's op-level selective
     checkpointing (`--recompute ops`; torchtitan@9dec370 torchtitan/parallelisms/parallelize_llama.py,
     `_save_list` and `_custom_policy`, the Llama 3 configs' `selective_ac_option = 'op'`). The policy counts
     the block's aten.mm calls and saves each one's output but every second one's — in a Llama block q, v, gate
     and down are saved, k, the output projection and up recomputed — and saves the flash attention kernel's
-    outputs (and reduce-scatters' and amax's); every other op is replayed from the block input in backward. A
-    linear layer with a bias runs aten.addmm, which the policy neither counts nor saves. The wrapper keeps
-    torch's early stop (torchtitan@9dec370 passes none; torchtitan now turns it off), so a down projection left
-    to the replay (a biased one) never runs again unless dropout after it saves a mask
+    outputs (and reduce-scatters' and amax's); every other op is replayed from the block input in backward.
+    torch's nn.Linear with a bias runs aten.addmm, which the policy neither counts nor saves; torchao's
+    Float8Linear (`float8`: "eager" or "compiled", `torchao_linears`) runs aten.mm and adds its bias apart, so
+    there every linear layer counts. The wrapper keeps torch's early stop (torchtitan@9dec370 passes none;
+    torchtitan now turns it off), so a down projection left to the replay never runs again — unless dropout
+    after it saves a mask or it is an eager Float8Linear, an autograd.Function that saves after its GEMM
     (toolkit.plan.cost.compute.early_stop_skips)."""
     saved: list[tuple[float, float]] = []
     replayed: list[tuple[float, float]] = []
     mm = 0
     matmuls = block_matmuls(model, tp)
     for i, (k, n, bias) in enumerate(matmuls):
-        mm += 0 if bias else 1
-        if not bias and mm % 2:
+        counted = not bias or float8 is not None
+        mm += 1 if counted else 0
+        if counted and mm % 2:
             saved.append((k, n))
-        elif i < len(matmuls) - 1 or model.dropout:
+        elif i < len(matmuls) - 1 or model.dropout or float8 == "eager":
             replayed.append((k, n))
     return saved, replayed
 
@@ -152,18 +163,25 @@ def flash_attention(model: ModelSpec, layout: LayoutRequest) -> bool:
     CPU alike (measured: an HF GPT-2 block saves the `selective` figure, tests/test_estimate.py; a Llama at 2048
     tokens saves 1.13× it against 6× at `none`, benchmarks/sequence_parallel.py). Megatron-DeepSpeed's
     CoreAttention (`fused_kernels` on, no `--use-flash-attn-v2`) and eager attention (BLOOM) store them."""
-    return runtime_flash_attention(model, layout.flash_attention, layout.fused_kernels, layout.precision)
+    return runtime_flash_attention(
+        model, layout.flash_attention, layout.fused_kernels, layout.precision, layout.fsdp is not None
+    )
 
 
 def runtime_flash_attention(
-    model: ModelSpec, flash_attention: bool | None, fused_kernels: bool, precision: str | None = None
+    model: ModelSpec,
+    flash_attention: bool | None,
+    fused_kernels: bool,
+    precision: str | None = None,
+    fsdp: bool = False,
 ) -> bool:
-    """`flash_attention` when given, else the runtime's own: SDPA for HF modules where the family has it;
-    Megatron-DeepSpeed's CoreAttention, except in fp8, where `--transformer-impl transformer_engine` builds
-    TE's TransformerLayer, whose DotProductAttention runs a fused kernel (FlashAttention or cuDNN's)."""
+    """`flash_attention` when given, else the runtime's own: SDPA for HF modules (and PyTorch FSDP runs, whose
+    `--fused-kernels` is torch.compile) where the family has it; Megatron-DeepSpeed's CoreAttention, except in
+    fp8, where `--transformer-impl transformer_engine` builds TE's TransformerLayer, whose DotProductAttention
+    runs a fused kernel (FlashAttention or cuDNN's)."""
     if flash_attention is not None:
         return flash_attention
-    if fused_kernels:
+    if fused_kernels and not fsdp:
         return precision == "fp8"
     return model.family.sdpa
 
@@ -183,15 +201,17 @@ def block_bytes(
     recompute: str,
     moe: bool = False,
     fp8_inputs: bool = False,
+    float8: str | None = None,
 ) -> float:
-    """Bytes one block keeps for one micro-batch on one TP rank under the given recomputation."""
+    """Bytes one block keeps for one micro-batch on one TP rank under the given recomputation (`float8`: the
+    linear layers are torchao's, `torchao_linears`)."""
     tokens = model.seq_length * micro_batch
     if recompute == "full":
         stored = act_bytes * model.hidden_size * tokens
         return stored / tp if sequence_parallel else stored
     if recompute == "ops":
         # the block input, the saved matmuls' outputs, the attention output and its log-sum-exp
-        saved, _ = op_sac_matmuls(model, tp)
+        saved, _ = op_sac_matmuls(model, tp, float8)
         attention = model.n_heads * model.head_dim / tp
         width = model.hidden_size + sum(out for _, out in saved) + attention
         return tokens * (act_bytes * width + SDPA_LSE_BYTES * model.n_heads / tp)
@@ -218,6 +238,7 @@ def per_micro_activations(model: ModelSpec, layout: Layout, blocks: int, moe_blo
         tp=layout.tp,
         sequence_parallel=layout.tp_sequence_parallel,
         fp8_inputs=layout.fp8_recipe == "delayed",
+        float8=torchao_linears(layout.fp8_recipe, layout.fused_kernels),
     )
     recompute = attention_recompute(layout.recompute, flash_attention(model, layout))
     per_micro = (blocks - moe_blocks) * block_bytes(model, recompute=recompute, **kwargs)
@@ -244,16 +265,21 @@ def stage_activations(
         # the block inputs live in host memory; the device keeps the newest few (OFFLOAD_KEPT_ON_DEVICE)
         total = min(blocks, OFFLOAD_KEPT_ON_DEVICE) * per_micro / blocks
     if layout.recompute in ("full", "ops") and blocks:
-        total += block_bytes(
-            model,
-            layout.micro_batch_size,
-            e,
-            layout.tp,
-            layout.tp_sequence_parallel,
-            attention_recompute("none", flash_attention(model, layout)),  # the block being rebuilt
+        kwargs = dict(
+            micro_batch=layout.micro_batch_size,
+            act_bytes=e,
+            tp=layout.tp,
+            sequence_parallel=layout.tp_sequence_parallel,
             moe=moe_blocks > 0,
             fp8_inputs=layout.fp8_recipe == "delayed",
+            float8=torchao_linears(layout.fp8_recipe, layout.fused_kernels),
         )
+        # the block being rebuilt; op-level checkpointing hands back what it saved rather than rebuild it
+        total += block_bytes(
+            model, recompute=attention_recompute("none", flash_attention(model, layout)), **kwargs
+        )
+        if layout.recompute == "ops":
+            total -= block_bytes(model, recompute="ops", **kwargs)
     if index == layout.pp - 1:
         total += logits_bytes(model, layout.micro_batch_size, e, layout.tp)
     return total / layout.sp

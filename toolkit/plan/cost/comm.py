@@ -49,7 +49,8 @@ def group(size: int, stride: int, cluster: ClusterSpec) -> Group:
     """A group of `size` ranks spaced `stride` apart in rank order (nodes hold consecutive ranks).
 
     DeepSpeed and Megatron order ranks TP-innermost, then sequence/data parallel, then pipeline, so the
-    TP group has stride 1, the DP group stride tp·sp, and pipeline neighbours stride tp·sp·dp.
+    TP group has stride 1, the DP group stride tp·sp, and pipeline neighbours stride tp·sp·dp; ZeRO's group
+    (data- and sequence-parallel ranks together, Layout.zero_dp) has stride tp.
     """
     gpn = cluster.gpus_per_node
     per_node = max(1, min(size, gpn // stride)) if stride < gpn else 1

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from toolkit.plan.architectures import ACTIVATIONS
-from toolkit.plan.cost.activations import MASK_BYTES, op_sac_matmuls
+from toolkit.plan.cost.activations import MASK_BYTES, op_sac_matmuls, torchao_linears
 from toolkit.plan.cost.fp8 import CastTraffic, Fp8Gemms, Linear, cast_traffic
 from toolkit.plan.params import ParamCount
 from toolkit.plan.specs import ClusterSpec, ModelSpec
@@ -234,7 +234,8 @@ def block_time(
     times = 1 if frozen else 2
     b_work, b_issue = times * t + casts.backward_bytes / hbm, times * issue + casts.backward_kernels * launch
     per_step = casts.per_step_bytes / hbm
-    _, replayed = op_sac_matmuls(model, tp)
+    float8 = torchao_linears(fp8.recipe, fp8.compiled) if fp8 else None
+    _, replayed = op_sac_matmuls(model, tp, float8)
     sac = sum(_linear_s(Linear(m, k, n, k * n), e, peak, cluster, fp8) for k, n in replayed)
     sac += elementwise + casts.forward_bytes / hbm
     if cluster.accelerator == "cpu":  # the same thread issues and computes

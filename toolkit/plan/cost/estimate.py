@@ -110,6 +110,7 @@ class Estimate:
             layout.lora is not None,
             layout.recompute_every or 1,
             skips_down_projection(self.model, layout),
+            act.torchao_linears(layout.fp8_recipe, layout.fused_kernels),
         )
 
     @property

@@ -56,7 +56,12 @@ def model_tflops_per_gpu(
 
 
 def hardware_flops_per_token(
-    model: ModelSpec, recompute: str, frozen: bool = False, recompute_every: int = 1, early_stop: bool = False
+    model: ModelSpec,
+    recompute: str,
+    frozen: bool = False,
+    recompute_every: int = 1,
+    early_stop: bool = False,
+    float8: str | None = None,
 ) -> float:
     """FLOPs the accelerators execute per token: model FLOPs, plus expert capacity padding and recomputation.
 
@@ -81,6 +86,6 @@ def hardware_flops_per_token(
     elif recompute == "selective":
         total += attention_forward
     elif recompute == "ops":
-        _, replayed = op_sac_matmuls(model)
+        _, replayed = op_sac_matmuls(model, float8=float8)
         total += 2 * pc.n_dense_layers * sum(k * n for k, n in replayed)
     return total

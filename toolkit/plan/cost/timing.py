@@ -114,6 +114,7 @@ def _groups(layout: Layout, cluster: ClusterSpec) -> dict[str, comm.Group]:
         # placed next to TP, so that group is every rank with the same TP index
         "dp": comm.group(layout.zero_dp, layout.tp, cluster),
         "ep": comm.group(layout.ep, tp_sp, cluster),
+        # expert replicas at stride tp·ep (Megatron-Core's expert ranks; MoE beside SP is Megatron-Core only)
         "edp": comm.group(layout.expert_zero_dp, layout.tp * layout.ep, cluster),
     }
 
@@ -131,7 +132,7 @@ def _micro_comm_s(model: ModelSpec, cluster: ClusterSpec, layout: Layout, load: 
         routed = model.moe_top_k * model.moe_capacity_factor
         t += calls * comm.all_to_all_s(tokens * routed * h * e / layout.tp, g["ep"], cluster)
     if layout.sp > 1:
-        passes = 3 if layout.recompute in ("full", "ops") else 2  # the replay all-to-alls q, k, v again
+        passes = 3 if full else 2
         per_call = sp_all_to_all_bytes(model, layout, 1, e) / passes
         t += passes * load.n_blocks * comm.all_to_all_s(per_call, g["sp"], cluster)
     if layout.pp > 1:
