@@ -14,12 +14,11 @@ from typing import Any
 from toolkit.plan.cost.estimate import Estimate
 from toolkit.plan.cost.memory import Memory
 from toolkit.plan.layout import Layout, precision_reason
-from toolkit.plan.query import SEARCHED
+from toolkit.plan.query import RECOMPUTE, SEARCHED
 from toolkit.plan.units import format_bytes
 
 NEAR_TIE = 0.02
 """Layouts within 2 % of the best predicted throughput count as ties; the simplest of them wins."""
-RECOMPUTE = ("none", "selective", "full")
 
 
 @dataclass

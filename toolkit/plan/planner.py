@@ -20,7 +20,7 @@ from typing import Any
 from toolkit.errors import UserError
 from toolkit.plan import recipes
 from toolkit.plan.checkpoint_interval import CheckpointPlan, checkpoint_lines
-from toolkit.plan.choice import RECOMPUTE, Candidate, counterfactuals, explain, pick
+from toolkit.plan.choice import Candidate, counterfactuals, explain, pick
 from toolkit.plan.cost.activations import runtime_flash_attention
 from toolkit.plan.cost.estimate import (
     estimate,
@@ -32,7 +32,7 @@ from toolkit.plan.cost.estimate import (
 from toolkit.plan.cost.memory import GIB, Memory
 from toolkit.plan.layout import Layout, LayoutRequest, data_parallel_size
 from toolkit.plan.params import count_params
-from toolkit.plan.query import PlanQuery
+from toolkit.plan.query import RECOMPUTE, PlanQuery
 from toolkit.plan.recomputation import early_stop_setting
 from toolkit.plan.rules import broken_rules
 from toolkit.plan.specs import ClusterSpec, ModelSpec

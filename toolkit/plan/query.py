@@ -22,6 +22,8 @@ DEFAULT_MARGIN = 0.10
 DEFAULT_SCOPES = ("layout", "deepspeed")
 """Rule scopes of a plan for the DeepSpeed engine; ("layout", "megatron") plans for Megatron-DeepSpeed."""
 
+RECOMPUTE = ("none", "selective", "full")
+"""The recomputations the planner searches: `ops` (torchtitan's op-level policy) prices FSDP runs only."""
 SEARCHED = (
     "zero_stage",
     "tp",
@@ -107,8 +109,8 @@ class PlanQuery(BaseModel):
         unplanned = [
             LAYOUT_FLAGS.get(k, k) for k, v in pins.items() if v is not None and k not in cls.model_fields
         ]
-        if pins.get("recompute") == "ops":  # torchtitan's op-level policy, which needs --fsdp
-            unplanned.append("--recompute ops")
+        if pins.get("recompute", RECOMPUTE[0]) not in RECOMPUTE:
+            unplanned.append(f"--recompute {pins['recompute']}")
         if unplanned:
             raise UserError(
                 f"{', '.join(unplanned)}: the planner neither searches nor pins "

@@ -229,17 +229,21 @@ def logits_bytes(model: ModelSpec, micro_batch: int, act_bytes: int, tp: int) ->
     return 12 * model.seq_length * micro_batch * model.vocab_size / tp
 
 
-def per_micro_activations(model: ModelSpec, layout: Layout, blocks: int, moe_blocks: int) -> float:
-    """Activations one micro-batch leaves on a rank of a stage with `blocks` blocks (`moe_blocks` of them MoE)."""
-    e = layout.bytes_per_element
-    kwargs = dict(
+def _block_bytes_args(layout: Layout) -> dict:
+    """`block_bytes`'s keywords that come from the layout, but the recomputation and MoE."""
+    return dict(
         micro_batch=layout.micro_batch_size,
-        act_bytes=e,
+        act_bytes=layout.bytes_per_element,
         tp=layout.tp,
         sequence_parallel=layout.tp_sequence_parallel,
         fp8_inputs=layout.fp8_recipe == "delayed",
         float8=torchao_linears(layout.fp8_recipe, layout.fused_kernels),
     )
+
+
+def per_micro_activations(model: ModelSpec, layout: Layout, blocks: int, moe_blocks: int) -> float:
+    """Activations one micro-batch leaves on a rank of a stage with `blocks` blocks (`moe_blocks` of them MoE)."""
+    kwargs = _block_bytes_args(layout)
     recompute = attention_recompute(layout.recompute, flash_attention(model, layout))
     per_micro = (blocks - moe_blocks) * block_bytes(model, recompute=recompute, **kwargs)
     per_micro += moe_blocks * block_bytes(model, recompute=recompute, moe=True, **kwargs)
@@ -265,15 +269,7 @@ def stage_activations(
         # the block inputs live in host memory; the device keeps the newest few (OFFLOAD_KEPT_ON_DEVICE)
         total = min(blocks, OFFLOAD_KEPT_ON_DEVICE) * per_micro / blocks
     if layout.recompute in ("full", "ops") and blocks:
-        kwargs = dict(
-            micro_batch=layout.micro_batch_size,
-            act_bytes=e,
-            tp=layout.tp,
-            sequence_parallel=layout.tp_sequence_parallel,
-            moe=moe_blocks > 0,
-            fp8_inputs=layout.fp8_recipe == "delayed",
-            float8=torchao_linears(layout.fp8_recipe, layout.fused_kernels),
-        )
+        kwargs = {**_block_bytes_args(layout), "moe": moe_blocks > 0}
         # the block being rebuilt; op-level checkpointing hands back what it saved rather than rebuild it
         total += block_bytes(
             model, recompute=attention_recompute("none", flash_attention(model, layout)), **kwargs

@@ -196,12 +196,14 @@ def block_time(
     frozen: bool = False,
     ep: int = 1,
     fp8: Fp8Gemms | None = None,
+    op_replay: bool = False,
 ) -> BlockTime:
     """Forward and backward time of one block for `tokens` tokens on one rank (TP shards matrices, SP shards
     tokens); `fused=False` prices HF's eager RMSNorm and rotary embedding op by op. Backward is two forwards
     (gradients w.r.t. inputs and weights; Narayanan et al. 2021, §3.1), one when the weights are `frozen`
     (LoRA: input gradients only); with `fp8` the linear GEMMs run in FP8 and the casts of its recipe are added
-    where they happen (toolkit/plan/cost/fp8.py)."""
+    where they happen (toolkit/plan/cost/fp8.py); with `op_replay` also its replay under torchtitan's
+    op-level checkpointing (`op_sac_s`, 0 otherwise)."""
     hbm = cluster.gpu_memory_gb_per_s * 1e9
     h = model.hidden_size
     m = tokens / sp
@@ -234,13 +236,17 @@ def block_time(
     times = 1 if frozen else 2
     b_work, b_issue = times * t + casts.backward_bytes / hbm, times * issue + casts.backward_kernels * launch
     per_step = casts.per_step_bytes / hbm
-    float8 = torchao_linears(fp8.recipe, fp8.compiled) if fp8 else None
-    _, replayed = op_sac_matmuls(model, tp, float8)
-    sac = sum(_linear_s(Linear(m, k, n, k * n), e, peak, cluster, fp8) for k, n in replayed)
-    sac += elementwise + casts.forward_bytes / hbm
-    if cluster.accelerator == "cpu":  # the same thread issues and computes
-        return BlockTime(f_work + f_issue, b_work + b_issue, per_step, sac + f_issue)
-    return BlockTime(max(f_work, f_issue), max(b_work, b_issue), per_step, max(sac, f_issue))
+    cpu = cluster.accelerator == "cpu"  # the same thread issues and computes
+    replay = 0.0
+    if op_replay:
+        float8 = torchao_linears(fp8.recipe, fp8.compiled) if fp8 else None
+        _, replayed = op_sac_matmuls(model, tp, float8)
+        sac = sum(_linear_s(Linear(m, k, n, k * n), e, peak, cluster, fp8) for k, n in replayed)
+        sac += elementwise + casts.forward_bytes / hbm
+        replay = sac + f_issue if cpu else max(sac, f_issue)
+    if cpu:
+        return BlockTime(f_work + f_issue, b_work + b_issue, per_step, replay)
+    return BlockTime(max(f_work, f_issue), max(b_work, b_issue), per_step, replay)
 
 
 def attention_efficiency(cluster: ClusterSpec) -> float:
@@ -359,10 +365,12 @@ def stage_compute(
     fwd = bwd = per_step = op_sac = 0.0
     for count, moe in ((dense_layers, False), (moe_layers, True)):
         if count:
-            block = block_time(model, pc, cluster, moe=moe, **common)
+            block = block_time(
+                model, pc, cluster, moe=moe, op_replay=recompute == "ops" and not moe, **common
+            )
             fwd, bwd = fwd + count * block.forward_s, bwd + count * block.backward_s
             per_step += count * block.per_step_s
-            op_sac += 0.0 if moe else count * block.op_sac_s
+            op_sac += count * block.op_sac_s
     attention_fwd = (dense_layers + moe_layers) * attention_core_s(
         model, cluster, tokens / sp, e, tp, peak, flash
     )
