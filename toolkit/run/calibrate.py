@@ -293,11 +293,17 @@ def _worker(rank: int, world: int, port: int, nvme: str | None, queue: Any) -> N
             _linear_train_tflops(dt, s, device, sync) for s in shapes
         )
         say(f"{p}: {result['large_tflops'][p] * 1e3:,.4g} GFLOP/s at {large[0]}³")
-    # every rank must probe the same way: rank 0's choice of the training precision is the job's
-    supported = {p: v for p, v in result["large_tflops"].items() if p != "bf16" or result["supports_bf16"]}
-    choice = [fastest_precision(supported)]
-    dist.broadcast_object_list(choice, src=0)
-    precision = result["precision"] = choice[0]
+    # every rank must probe the same way, in the precision fastest by the slowest rank's figures: those the
+    # cluster file records (rounded as written, host.calibration.cluster_description), from which the
+    # planner's default_precision chooses again; rank 0's own figures could disagree with them
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, result["large_tflops"])
+    supported = {
+        p: round(min(g[p] for g in gathered), 4)
+        for p in result["large_tflops"]
+        if p != "bf16" or result["supports_bf16"]
+    }
+    precision = result["precision"] = fastest_precision(supported)
     dtype = dtypes[precision]
     say(f"training precision {precision}; a DeepSpeed engine step")
     result["engine"] = engine_probe(device, precision)
