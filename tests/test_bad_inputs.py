@@ -159,7 +159,7 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "unsupported-hf-architecture",
         ["estimate", "--model", f"{BAD}/t5_config.json", "--cluster", "cpu"],
-        r"model_type: 't5' is not supported",
+        r"model_type: 't5' is not a causal language model",
     ),
     (
         "params-out-of-range",

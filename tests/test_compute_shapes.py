@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from toolkit.plan.cost.compute import kernels_per_block, quantization_efficiency, rmsnorm_eager_passes
+from toolkit.plan.cost.compute import kernels_per_block, rmsnorm_eager_passes
 from toolkit.plan.cost.estimate import estimate
+from toolkit.plan.cost.gemm import quantization_efficiency
 from toolkit.plan.layout import LayoutRequest
 from toolkit.plan.load import load_cluster, load_model
 from toolkit.plan.planner import plan

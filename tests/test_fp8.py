@@ -13,7 +13,7 @@ import pytest
 
 from tests.cli import REPO, dstk
 from toolkit.errors import UserError
-from toolkit.plan.cost.compute import _linear_s, block_linears, quantization_efficiency, stage_compute
+from toolkit.plan.cost.compute import block_linears, stage_compute
 from toolkit.plan.cost.estimate import estimate
 from toolkit.plan.cost.fp8 import (
     EAGER_CAST_BYTES,
@@ -22,6 +22,7 @@ from toolkit.plan.cost.fp8 import (
     Linear,
     cast_traffic,
 )
+from toolkit.plan.cost.gemm import linear_s, quantization_efficiency
 from toolkit.plan.layout import LayoutRequest
 from toolkit.plan.load import load_cluster, load_model
 from toolkit.plan.params import count_params
@@ -86,10 +87,10 @@ def test_linear_gemms_run_at_the_fp8_peak_times_its_efficiency() -> None:
     fp8 = Fp8Gemms(c.peak_flops("fp8"), c.fp8_matmul_efficiency(), "delayed")
     m = k = n = 8192
     quantized = quantization_efficiency(m, n, 132)
-    assert _linear_s(Linear(m, k, n, k * n), 2, 989e12, c, fp8) == pytest.approx(
+    assert linear_s(Linear(m, k, n, k * n), 2, 989e12, c, fp8) == pytest.approx(
         2 * m * k * n / (1979e12 * 0.542 * quantized)
     )
-    assert _linear_s(Linear(m, k, n, k * n), 2, 989e12, c, None) == pytest.approx(
+    assert linear_s(Linear(m, k, n, k * n), 2, 989e12, c, None) == pytest.approx(
         2 * m * k * n / (989e12 * 0.614 * quantized)
     )
 

@@ -105,7 +105,9 @@ def test_estimate_json_adds_up_with_one_mfu(model_name: str, cluster_name: str) 
         # hardware FLOPs are model FLOPs plus what is computed again or padded: never fewer
         assert d["hardware_flops_per_token"] >= d["model_flops_per_token"]
         assert d["hardware_tflops_per_gpu"] >= d["tflops_per_gpu"] * (1 - 1e-12)
-        if d["layout"]["recompute"] == "none" and est.model.moe_capacity_factor <= 1:
+        # Llama 4's HF block computes every expert (toolkit.plan.cost.activations.routed_copies)
+        dense_experts = est.model.family.hf_dense_experts and d["layout"]["ep"] == 1
+        if d["layout"]["recompute"] == "none" and est.model.moe_capacity_factor <= 1 and not dense_experts:
             assert d["hardware_flops_per_token"] == d["model_flops_per_token"]
         assert sum(d["step_time_breakdown_s"].values()) == pytest.approx(d["step_time_s"], rel=1e-12)
 
@@ -140,8 +142,10 @@ def test_estimate_text_rows_add_up_in_one_unit(model_name: str) -> None:
 
 
 def test_the_f4_example_has_a_row_for_the_optimizer_step() -> None:
-    """Catalogue F4: llama-7b at ZeRO-0 peaks in the optimizer step; its table now has that row."""
+    """Catalogue F4: llama-7b at ZeRO-0 peaks in the optimizer step (at 2048 tokens: at 4096, HF's eager
+    modules' activations make backward the peak); its table now has that row."""
     args = ["--model", "llama-7b", "--cluster", "dgx-a100-80g", "--zero-stage", "0", "--global-batch", "8"]
+    args += ["--seq-length", "2048"]
     d = json.loads(dstk("estimate", *args, "--json").out)
     mem = d["memory_per_gpu_bytes"]
     assert d["peak_phase"] == "optimizer step" and mem["step_transient_excess"] > 4 * GIB

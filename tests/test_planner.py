@@ -15,11 +15,20 @@ from toolkit.plan.load import load_cluster, load_model, model_from_params
 from toolkit.plan.planner import plan
 from toolkit.plan.query import DEFAULT_MARGIN, PlanQuery
 from toolkit.plan.rules import RULES, resolve_layout
+from toolkit.run.trace import trace_config
 
 BOTH = ("layout", "deepspeed", "runs")
 
 # One violating layout per rule: (rule name, model, cluster, overrides, request fields, message pattern)
 RULE_CASES = [
+    (
+        "traced_model_runs_as_hf_builds_it",
+        "tests/models/tiny-olmoe",
+        "cpu",
+        {},
+        dict(ep=2),
+        r"--ep: olmoe \(traced\) has no entry in dstk's family table",
+    ),
     (
         "virtual_stages_need_pp",
         "gpt2",
@@ -271,7 +280,7 @@ def test_every_rule_has_a_case() -> None:
     ("rule", "model", "cluster", "over", "fields", "match"), RULE_CASES, ids=[c[0] for c in RULE_CASES]
 )
 def test_named_rule_rejects_with_message(rule, model, cluster, over, fields, match) -> None:
-    m = load_model(model)
+    m = load_model(model, tracer=lambda config, source: trace_config(config))
     if rule == "native_moe_needs_zero_le_2":
         m = m.model_copy(update={"num_experts": 4})
     c = load_cluster(cluster, over)

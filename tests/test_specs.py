@@ -46,6 +46,38 @@ def test_param_count_equals_hf_model_on_meta(name: str) -> None:
     assert sum(p.numel() for p in model.parameters()) == count_params(spec).total
 
 
+MODEL_CARDS = {
+    # preset: (total, active) as the model card writes them (sources in each preset's comments); DeepSeek's,
+    # Kimi's, Qwen's and gpt-oss's active counts leave out the input embedding (a lookup), Meta's count it
+    "deepseek-v3-671b": ("671B", "37B"),
+    "kimi-k2-1t": ("1T", "32B"),
+    "qwen3-8b": ("8.2B", None),
+    "qwen3-235b-a22b": ("235B", "22B"),
+    "gpt-oss-120b": ("116.83B", "5.13B"),
+    "gpt-oss-20b": ("20.91B", "3.61B"),
+    "llama4-scout": (None, "17B"),  # the cards' 109B and 400B totals include the vision encoder
+    "llama4-maverick": (None, "17B"),
+    "olmo2-13b": ("13.7B", None),
+}
+
+
+def _as_card_writes(count: float, text: str) -> str:
+    unit = 1e12 if text.endswith("T") else 1e9
+    digits = len(text[:-1].split(".")[1]) if "." in text else 0
+    return f"{count / unit:.{digits}f}{text[-1]}"
+
+
+@pytest.mark.parametrize("name", list(MODEL_CARDS))
+def test_presets_count_what_their_model_cards_say(name: str) -> None:
+    total, active = MODEL_CARDS[name]
+    pc = count_params(load_model(name))
+    lookup = pc.word_embedding if pc.lm_head and not name.startswith("llama4") else 0
+    if total:
+        assert _as_card_writes(pc.total, total) == total
+    if active:
+        assert _as_card_writes(pc.active - lookup, active) == active
+
+
 def test_known_published_counts() -> None:
     assert count_params(load_model("gpt2")).total == 124_439_808
     assert count_params(load_model("llama-7b")).total == 6_738_415_616
@@ -363,10 +395,12 @@ def test_field_docstrings_become_descriptions() -> None:
 def test_the_architecture_table_covers_exactly_the_families_a_spec_accepts() -> None:
     from typing import get_args
 
-    from toolkit.plan.architectures import ARCHITECTURES
+    from toolkit.plan.architectures import ARCHITECTURES, TRACED
     from toolkit.plan.specs import Architecture
 
-    assert set(ARCHITECTURES) == set(get_args(Architecture))
+    # and `traced`: a model with no entry, read off its modules (toolkit/plan/traced.py)
+    assert set(ARCHITECTURES) | {"traced"} == set(get_args(Architecture))
+    assert set(TRACED.defaults) <= set(ModelSpec.model_fields)
     for name, facts in ARCHITECTURES.items():
         assert facts.name == name
         assert set(facts.defaults) <= set(ModelSpec.model_fields), name

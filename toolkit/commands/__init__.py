@@ -225,10 +225,21 @@ def add_option_fields(
         )
 
 
+def trace_model(config: dict[str, Any], source: str) -> Any:
+    """The loader's tracer (toolkit.plan.load.Tracer): the run half, imported only when a model needs it."""
+    from toolkit.run.trace import trace_announced
+
+    return trace_announced(config, source)
+
+
 def model_from_args(args: argparse.Namespace) -> Any:
+    """The model of `--model`/`--params`; what the cost model approximates for a traced one is said once."""
     from toolkit.plan.load import model_from
 
-    return model_from(args.model, args.params, args.seq_length)
+    model = model_from(args.model, args.params, args.seq_length, tracer=trace_model)
+    for note in model.trace.notes if model.trace is not None else ():
+        print(f"note: {model.name}: {note}", file=sys.stderr)
+    return model
 
 
 def cluster_from_args(args: argparse.Namespace) -> Any:

@@ -5,12 +5,12 @@ another."""
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from importlib import metadata
 from pathlib import Path
 
 from toolkit.host.detect import CpuInfo, GpuInfo
+from toolkit.plan.cache import cache_dir
 
 
 def package_versions() -> dict[str, str | None]:
@@ -37,14 +37,6 @@ def fingerprint(cpu: CpuInfo, gpus: list[GpuInfo], ranks: int, versions: dict[st
         f"deepspeed={versions.get('deepspeed')}",
     ]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
-
-
-def cache_dir() -> Path:
-    """Where calibrations are cached: $DSTK_CACHE_DIR, else $XDG_CACHE_HOME/dstk, else ~/.cache/dstk."""
-    if os.environ.get("DSTK_CACHE_DIR"):
-        return Path(os.environ["DSTK_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "dstk"
 
 
 def calibration_path(fp: str) -> Path:

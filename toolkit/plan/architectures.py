@@ -42,69 +42,10 @@ Standard library only: `dstk plan` imports this.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any
 
-
-@dataclass(frozen=True)
-class ArchitectureFacts:
-    """One HF architecture family, as far as planning, config generation and the run path care."""
-
-    name: str
-    hf_prefix: str
-    """Class-name prefix in transformers (`{prefix}DecoderLayer`, `{prefix}RotaryEmbedding`)."""
-    defaults: Mapping[str, Any]
-    """ModelSpec field defaults that follow from the family, as its HF config class sets them."""
-    block_prefix: str
-    """State-dict prefix of the decoder blocks (`{block_prefix}N.`)."""
-    fused_qkv: bool
-    """q, k and v are one linear map (GPT-2's `c_attn`, BLOOM's `query_key_value`): fewer, larger modules."""
-    residual_outputs: tuple[str, str]
-    """The attention and MLP output projections, whose zeroing makes a new block an identity (growth)."""
-    lora_targets: tuple[str, ...]
-    autotp: bool
-    pipeline: bool
-    sdpa: bool
-    ulysses: bool
-    """DeepSpeed-Ulysses sequence parallelism can wrap the family's attention (`--sp`)."""
-    native_moe: bool
-    naming: Literal["gpt2", "bloom", "llama"]
-    """Module-naming scheme of a block (GPT-2's `c_attn`/`c_fc`, BLOOM's `query_key_value`, Llama's `q_proj`):
-    what state-dict surgery, LoRA shapes and pipeline stages are written against."""
-    conv1d: bool = False
-    """Linear weights stored (in, out) as transformers' Conv1D (GPT-2); peft needs `fan_in_fan_out`."""
-    shared_expert: bool = False
-    """The HF sparse block can hold a gated, always-on shared expert (Qwen2-MoE)."""
-    experts_before_router: bool = False
-    """The HF sparse block registers its fused experts before its router (Qwen3-MoE): the flat order ZeRO-1/2
-    partition."""
-    hf_model_type: str = ""
-    """HF `model_type` when it is not the family's name (Gemma 3's text-only model is `gemma3_text`)."""
-    norms_per_block: int = 2
-    """Norms in one block: 2 (pre-norm before attention and MLP), 4 with Gemma's post-norms after each."""
-    local_attention: bool = False
-    """The HF model has sliding-window layers (`sliding_window` and a layer pattern in its config)."""
-    embedding_scale: bool = False
-    """HF multiplies the word embeddings by √h inside the embedding module (Gemma): a pipeline stage built from
-    a plain `nn.Embedding` would lose it, and a wider model scales them differently (no width growth)."""
-
-    @property
-    def model_type(self) -> str:
-        """The `model_type` of the family's HF config (`AutoConfig.for_model`'s key)."""
-        return self.hf_model_type or self.name
-
-    @property
-    def attention_implementation(self) -> str:
-        """What the run path asks transformers for: fused SDPA wherever the family has it."""
-        return "sdpa" if self.sdpa else "eager"
-
-    @property
-    def linears_per_block(self) -> int:
-        """Linear modules in one dense block, each a separate ZeRO-3 gather: qkv, out and two MLP maps with a
-        fused qkv; q, k, v, o and gate/up/down otherwise."""
-        return 4 if self.fused_qkv else 7
-
+from toolkit.plan.family_facts import ActivationFacts, ArchitectureFacts
 
 _LLAMA_DEFAULTS = MappingProxyType(
     dict(
@@ -135,22 +76,29 @@ def _llama_like(
     norms_per_block: int = 2,
     local_attention: bool = False,
     embedding_scale: bool = False,
-    **overrides: Any,
+    fused_qkv: bool = False,
+    lora_targets: tuple[str, ...] = ("q_proj", "v_proj"),
+    sdpa: bool = True,
+    **facts_and_defaults: Any,
 ) -> ArchitectureFacts:
-    """A family with Llama's module names (`model.layers.N.self_attn.q_proj`, `mlp.down_proj`); `overrides`
-    are its ModelSpec defaults where they differ from Llama's. Its pipeline defaults to on for dense families
-    (a native MoE block is one module the pipeline cannot cut by experts)."""
+    """A family with Llama's module names (`model.layers.N.self_attn.q_proj`, `mlp.down_proj`); keywords that
+    name an `ArchitectureFacts` field set that fact, the others are its ModelSpec defaults where they differ
+    from Llama's. Its pipeline defaults to on for dense families (a native MoE block is one module the
+    pipeline cannot cut by experts)."""
+    fact_names = set(ArchitectureFacts.__dataclass_fields__)
+    extra = {k: v for k, v in facts_and_defaults.items() if k in fact_names}
+    overrides = {k: v for k, v in facts_and_defaults.items() if k not in fact_names}
     return ArchitectureFacts(
         name=name,
         hf_prefix=hf_prefix,
         defaults=MappingProxyType({**_LLAMA_DEFAULTS, **overrides}),
         block_prefix="model.layers.",
-        fused_qkv=False,
-        residual_outputs=("self_attn.o_proj.", "mlp.down_proj."),
-        lora_targets=("q_proj", "v_proj"),
+        fused_qkv=fused_qkv,
+        residual_outputs=("self_attn.o_proj.", f"{extra.get('moe_module', 'mlp')}.down_proj."),
+        lora_targets=lora_targets,
         autotp=autotp,
         pipeline=not native_moe if pipeline is None else pipeline,
-        sdpa=True,
+        sdpa=sdpa,
         ulysses=ulysses,
         native_moe=native_moe,
         naming="llama",
@@ -160,6 +108,31 @@ def _llama_like(
         norms_per_block=norms_per_block,
         local_attention=local_attention,
         embedding_scale=embedding_scale,
+        **extra,
+    )
+
+
+def _deepseek(name: str, hf_prefix: str, **facts_and_defaults: Any) -> ArchitectureFacts:
+    """DeepSeek-V2/V3's shape: multi-head latent attention, fine-grained routed experts beside shared ones, the
+    first blocks dense (DeepseekV3Config's defaults: the 671B model's widths). The HF sparse block registers
+    its fused experts before its router, then the shared experts."""
+    return _llama_like(
+        name,
+        hf_prefix,
+        native_moe=True,
+        autotp=False,
+        ulysses=False,
+        experts_before_router=True,
+        shared_expert=True,
+        latent_attention=True,
+        router_fp32=True,
+        lora_targets=("q_a_proj", "kv_a_proj_with_mqa"),
+        q_lora_rank=1536,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        head_dim=192,
+        **facts_and_defaults,
     )
 
 
@@ -230,6 +203,7 @@ ARCHITECTURES: Mapping[str, ArchitectureFacts] = MappingProxyType(
             native_moe=True,
             autotp=False,
             shared_expert=True,
+            shared_expert_gate=True,
             attention_bias=True,
             attention_out_bias=False,
             moe_renormalize=False,
@@ -243,6 +217,95 @@ ARCHITECTURES: Mapping[str, ArchitectureFacts] = MappingProxyType(
             qk_norm=True,
             moe_renormalize=False,
         ),
+        "qwen3": _llama_like("qwen3", "Qwen3", autotp=False, ulysses=False, qk_norm=True),
+        "olmo2": _llama_like(
+            "olmo2",
+            "Olmo2",
+            autotp=False,
+            ulysses=False,
+            pipeline=False,
+            qk_norm=True,
+            qk_norm_full=True,
+            norm_fp32_output=True,
+        ),
+        "phi3": _llama_like(
+            "phi3",
+            "Phi3",
+            autotp=False,
+            ulysses=False,
+            pipeline=False,
+            fused_qkv=True,
+            fused_gate_up=True,
+            lora_targets=("qkv_proj",),
+            local_attention=True,
+        ),
+        "gemma2": _llama_like(
+            "gemma2",
+            "Gemma2",
+            autotp=False,
+            pipeline=False,
+            ulysses=False,
+            sdpa=False,
+            norms_per_block=4,
+            local_attention=True,
+            embedding_scale=True,
+            norm_fp32_output=True,
+            attention_softcap=True,
+            activation="gelu_pytorch_tanh",
+            tied_embeddings=True,
+            sliding_window=4096,
+            sliding_window_pattern=2,
+        ),
+        "deepseek_v2": _deepseek("deepseek_v2", "DeepseekV2"),
+        "deepseek_v3": _deepseek("deepseek_v3", "DeepseekV3"),
+        "glm4_moe": _llama_like(
+            "glm4_moe",
+            "Glm4Moe",
+            native_moe=True,
+            autotp=False,
+            ulysses=False,
+            experts_before_router=True,
+            shared_expert=True,
+            router_fp32=True,
+        ),
+        "gpt_oss": _llama_like(
+            "gpt_oss",
+            "GptOss",
+            native_moe=True,
+            autotp=False,
+            ulysses=False,
+            sdpa=False,
+            router_bias=True,
+            attention_sinks=True,
+            norm_fp32_output=True,
+            eager_softmax_fp32=False,
+            activation="gpt_oss_swiglu",
+            router_module="router",
+            local_attention=True,
+            attention_bias=True,
+            attention_out_bias=True,
+            mlp_bias=True,
+            sliding_window=128,
+            sliding_window_pattern=2,
+        ),
+        "llama4": _llama_like(
+            "llama4",
+            "Llama4",
+            native_moe=True,
+            autotp=False,
+            ulysses=False,
+            experts_before_router=True,
+            shared_expert=True,
+            hf_model_type="llama4_text",
+            shared_expert_as_wide_as_experts=True,
+            hf_dense_experts=True,
+            qk_l2_norm_local=True,
+            moe_module="feed_forward",
+            router_module="router",
+            local_attention=True,
+            sliding_window=8192,
+            sliding_window_pattern=4,
+        ),
         "gemma3": _llama_like(
             "gemma3",
             "Gemma3",
@@ -253,6 +316,7 @@ ARCHITECTURES: Mapping[str, ArchitectureFacts] = MappingProxyType(
             norms_per_block=4,
             local_attention=True,
             embedding_scale=True,
+            norm_fp32_output=True,
             activation="gelu_pytorch_tanh",
             tied_embeddings=True,
             qk_norm=True,
@@ -261,19 +325,6 @@ ARCHITECTURES: Mapping[str, ArchitectureFacts] = MappingProxyType(
         ),
     }
 )
-
-
-@dataclass(frozen=True)
-class ActivationFacts:
-    """One MLP activation as HF computes it, for the cost model's memory-bound passes and saved tensors."""
-
-    kernels: int
-    """Elementwise kernels it launches forward."""
-    passes: int
-    """Tensor passes (reads + writes, in units of the MLP width) those kernels make forward."""
-    saved: int
-    """Tensors of the MLP's inner width autograd keeps in an ungated MLP (a gated one keeps 4: gate, up,
-    act(gate) and their product, whatever the activation)."""
 
 
 # HF's ACT2FN (transformers/activations.py), counted from the source. gelu_new is NewGELUActivation,
@@ -289,13 +340,53 @@ ACTIVATIONS: Mapping[str, ActivationFacts] = MappingProxyType(
         "gelu_pytorch_tanh": ActivationFacts(kernels=1, passes=2, saved=2),
         "silu": ActivationFacts(kernels=1, passes=2, saved=2),
         "relu": ActivationFacts(kernels=1, passes=2, saved=2),
+        # gpt-oss's experts (GptOssExperts._apply_gate): two clamps, α·gate, σ, the product, up + 1, the product
+        "gpt_oss_swiglu": ActivationFacts(kernels=7, passes=16, saved=2, gated_saved=7),
     }
 )
 
 
+TRACED = ArchitectureFacts(
+    name="traced",
+    hf_prefix="",
+    defaults=MappingProxyType(
+        dict(
+            gated_mlp=False,
+            position_embedding="rope",
+            norm="rmsnorm",
+            attention_bias=False,
+            mlp_bias=False,
+            tied_embeddings=False,
+            embedding_norm=False,
+            dropout=False,
+            activation="silu",
+        )
+    ),
+    block_prefix="",
+    fused_qkv=False,
+    residual_outputs=("", ""),
+    lora_targets=(),
+    autotp=False,
+    pipeline=False,
+    sdpa=True,
+    ulysses=False,
+    native_moe=True,
+    naming="hf",
+)
+"""A model with no table entry, described by its trace (toolkit/plan/traced.py): the HF model as transformers
+builds it runs in the DeepSpeed engine with data parallelism, ZeRO 0-3 and offload; whatever needs to know its
+modules by name (AutoTP, the pipeline, Ulysses, LoRA targets, growth) is refused by the rules. Its experts stay
+the HF model's own (a ZeRO-3 leaf at ep = 1). `sdpa` follows what the trace found
+(`ModelSpec.family`)."""
+
+
+FAMILIES: Mapping[str, ArchitectureFacts] = MappingProxyType({**ARCHITECTURES, TRACED.name: TRACED})
+"""The table's families and `traced`: every `architecture` a ModelSpec accepts."""
+
+
 def facts(architecture: str) -> ArchitectureFacts:
     """The table entry for `architecture` (ModelSpec's Literal type has already refused any other name)."""
-    return ARCHITECTURES[architecture]
+    return FAMILIES[architecture]
 
 
 def supporting(flag: str) -> tuple[str, ...]:

@@ -48,7 +48,7 @@ def torchao_converts(m: ModelSpec, r: LayoutRequest, dp: int) -> str | None:
         return None
     problems = []
     if m.family.conv1d:
-        problems.append(f"{m.architecture} projections are Conv1D, not nn.Linear")
+        problems.append(f"{m.family_label} projections are Conv1D, not nn.Linear")
     if m.is_moe:
         problems.append("MoE experts are not nn.Linear modules")
     if r.tp > 1 or r.pp > 1:

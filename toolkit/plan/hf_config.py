@@ -12,7 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 from toolkit.errors import UserError
+from toolkit.plan import hf_keys, hf_keys_moe
 from toolkit.plan.architectures import ARCHITECTURES
+from toolkit.plan.hf_keys_moe import MODEL_TYPE_ALIASES
+from toolkit.plan.traced import TraceNeeded, read_trace, spec_fields
 
 # Training sequence length when the file only gives the position limit: long-context models (Mixtral: 32k)
 # are pre-trained on shorter sequences, and a user who means otherwise passes --seq-length.
@@ -44,6 +47,7 @@ def _model_type(data: dict[str, Any], source: str) -> str:
         )
     if "model_type" in data:
         model_type = str(data["model_type"])
+        model_type = MODEL_TYPE_ALIASES.get(model_type, model_type)
         return _FAMILY_BY_MODEL_TYPE.get(model_type, model_type)
     arch = str(data["architectures"][0]).lower()
     for prefix, name in _CLASS_PREFIXES:
@@ -58,17 +62,9 @@ _FAMILY_BY_MODEL_TYPE = {facts.model_type: name for name, facts in ARCHITECTURES
 _CLASS_PREFIXES = sorted(
     ((f.hf_prefix.lower(), name) for name, f in ARCHITECTURES.items()), key=lambda p: -len(p[0])
 )
+_READERS = {**hf_keys.READERS, **hf_keys_moe.READERS}
+_WRITERS = {**hf_keys.WRITERS, **hf_keys_moe.WRITERS}
 _LLAMA_FAMILY = tuple(name for name, f in ARCHITECTURES.items() if f.naming == "llama")
-# Qwen2MoeConfig / Qwen3MoeConfig defaults (transformers 5.x) for the MoE keys a file may leave out
-_QWEN_MOE_DEFAULTS = {
-    "qwen2_moe": dict(
-        num_experts=60,
-        num_experts_per_tok=4,
-        moe_intermediate_size=1408,
-        shared_expert_intermediate_size=5632,
-    ),
-    "qwen3_moe": dict(num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768),
-}
 
 
 def _gpt2(data: dict[str, Any]) -> dict[str, Any]:
@@ -102,77 +98,21 @@ def _bloom(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _llama_family(data: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """The Llama-style shape every family with Llama's module names shares, then the family's own keys
+    (`plan/hf_keys.py`)."""
     spec: dict[str, Any] = {"architecture": model_type}
     for ours, theirs in _LLAMA_KEYS.items():
         if data.get(theirs) is not None:
             spec[ours] = data[theirs]
     spec["tied_embeddings"] = data.get("tie_word_embeddings", False)
-    if model_type in ("llama", "mistral", "mixtral"):
-        spec["attention_bias"] = data.get("attention_bias", False)
-        spec["mlp_bias"] = data.get("mlp_bias", False)
-    if model_type == "mixtral":
-        spec["num_experts"] = data.get("num_local_experts", 8)
-        spec["moe_top_k"] = data.get("num_experts_per_tok", 2)
-    if model_type in _QWEN_MOE_DEFAULTS:
-        spec.update(_qwen_moe(data, model_type))
-    if model_type == "gemma3":
-        spec.update(_gemma3(data))
+    hidden, heads = spec.get("hidden_size"), spec.get("n_heads")
+    if "head_dim" not in spec and isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
+        spec["head_dim"] = hidden // heads  # the config classes' own default, floor division included
+    reader = _READERS.get(model_type)
+    if reader is not None:
+        spec.update(reader(data))
     positions = spec.get("max_position_embeddings", 4096)
     spec["seq_length"] = min(positions, DEFAULT_MAX_SEQ_LENGTH)
-    return spec
-
-
-def _qwen_moe(data: dict[str, Any], model_type: str) -> dict[str, Any]:
-    """Qwen2-MoE / Qwen3-MoE: the sparse block's keys. A block is sparse when `(i + 1) % decoder_sparse_step
-    == 0` and i is not in `mlp_only_layers` (modeling_qwen2_moe.py Qwen2MoeDecoderLayer); dstk's
-    `moe_layer_interval` is that step, and explicit dense layers are refused rather than miscounted."""
-    d = {**_QWEN_MOE_DEFAULTS[model_type], **{k: v for k, v in data.items() if v is not None}}
-    if d.get("mlp_only_layers"):
-        raise UserError(
-            f"mlp_only_layers: {d['mlp_only_layers']} is not supported; dstk models every "
-            "decoder_sparse_step-th block as sparse (give an empty list)"
-        )
-    spec: dict[str, Any] = dict(
-        # transformers 5 writes `num_local_experts` (its attribute map's name); the hub's files say num_experts
-        num_experts=d.get("num_local_experts", d["num_experts"]),
-        moe_top_k=d["num_experts_per_tok"],
-        moe_ffn_hidden_size=d["moe_intermediate_size"],
-        moe_layer_interval=d.get("decoder_sparse_step", 1),
-        moe_renormalize=d.get("norm_topk_prob", False),
-    )
-    if model_type == "qwen2_moe":
-        spec["attention_bias"] = d.get("qkv_bias", True)
-        spec["shared_expert_ffn_hidden_size"] = d["shared_expert_intermediate_size"]
-    else:
-        spec["attention_bias"] = d.get("attention_bias", False)
-    return spec
-
-
-def _gemma3(data: dict[str, Any]) -> dict[str, Any]:
-    """Gemma3TextConfig's keys beyond the shape (transformers 5.x defaults): tanh-GeLU, a tied head, local
-    layers of `sliding_window` keys with every `sliding_window_pattern`-th layer global, or the explicit
-    `layer_types` list transformers 5 writes (which must follow such a pattern)."""
-    if data.get("use_bidirectional_attention"):
-        raise UserError(
-            "use_bidirectional_attention: true is an encoder (EmbeddingGemma); dstk trains causal LMs"
-        )
-    spec: dict[str, Any] = dict(
-        activation=data.get("hidden_activation") or data.get("hidden_act") or "gelu_pytorch_tanh",
-        tied_embeddings=data.get("tie_word_embeddings", True),
-        attention_bias=data.get("attention_bias", False),
-        sliding_window=data.get("sliding_window", 4096),
-        sliding_window_pattern=data.get("sliding_window_pattern", 6),
-    )
-    types = data.get("layer_types")
-    if types:
-        full = [i for i, t in enumerate(types) if t == "full_attention"]
-        k = full[0] + 1 if full else len(types) + 1
-        if [t == "full_attention" for t in types] != [(i + 1) % k == 0 for i in range(len(types))]:
-            raise UserError(
-                f"layer_types: {types} is not one global layer every k; dstk models Gemma's pattern "
-                "(sliding_window_pattern)"
-            )
-        spec["sliding_window_pattern"] = k
     return spec
 
 
@@ -186,24 +126,42 @@ def from_hf_config(data: dict[str, Any], source: str) -> dict[str, Any]:
     elif model_type in _LLAMA_FAMILY:
         spec = _llama_family(data, model_type)
     else:
-        valid = ", ".join(f.model_type for f in ARCHITECTURES.values())
-        raise UserError(
-            f"{source}: model_type: {model_type!r} is not supported; valid: {valid} (or describe the shape in "
-            "a dstk YAML file)"
-        )
-    spec["name"] = (
-        str(data.get("_name_or_path") or data.get("name") or model_type).rsplit("/", 1)[-1] or model_type
-    )
+        spec = _traced(data, source)
+    spec["name"] = _name(data, model_type)
     return spec
+
+
+def _name(data: dict[str, Any], model_type: str) -> str:
+    return str(data.get("_name_or_path") or data.get("name") or model_type).rsplit("/", 1)[-1] or model_type
+
+
+def _traced(data: dict[str, Any], source: str) -> dict[str, Any]:
+    """A model type the table has no entry for: its cached trace, or TraceNeeded for the caller to trace it
+    (the run half builds the model on the meta device; toolkit/plan/traced.py)."""
+    if "model_type" not in data:
+        raise UserError(
+            f"{source}: architectures: {data['architectures'][0]!r} names no family dstk knows and the file has "
+            "no model_type to build it by; add the model_type its repository's config.json gives"
+        )
+    traced = read_trace(data)
+    if traced is None:
+        raise TraceNeeded(data, source)
+    return spec_fields(traced, _name(data, str(data["model_type"])))
 
 
 def to_hf_config(spec: Any) -> dict[str, Any]:
     """HF config kwargs (with `model_type`) that build the model `spec` describes, for `AutoConfig.for_model`.
 
     The inverse of :func:`from_hf_config`; the run path builds its models from this, and a test checks that
-    the HF model's `sum(p.numel())` equals `count_params(spec).total` for every preset.
+    the HF model's `sum(p.numel())` equals `count_params(spec).total` for every preset. A traced model is built
+    from its own config, its position limit raised to the training sequence where that is longer.
     """
     arch = spec.architecture
+    if spec.trace is not None:
+        cfg = dict(spec.trace.hf_config)
+        if isinstance(cfg.get("max_position_embeddings"), int):
+            cfg["max_position_embeddings"] = max(cfg["max_position_embeddings"], spec.seq_length)
+        return cfg
     if arch == "gpt2":
         if spec.gated_mlp or spec.norm != "layernorm" or spec.position_embedding != "learned":
             raise UserError(
@@ -244,33 +202,7 @@ def to_hf_config(spec: Any) -> dict[str, Any]:
         max_position_embeddings=max(spec.max_position_embeddings, spec.seq_length),
         tie_word_embeddings=spec.tied_embeddings,
     )
-    if arch in ("llama", "mistral", "mixtral"):
-        cfg.update(attention_bias=spec.attention_bias, mlp_bias=spec.mlp_bias)
-    if arch == "mixtral":
-        cfg.update(num_local_experts=spec.num_experts, num_experts_per_tok=spec.moe_top_k)
-    if arch in _QWEN_MOE_DEFAULTS:
-        cfg.update(
-            num_experts=spec.num_experts,
-            num_experts_per_tok=spec.moe_top_k,
-            moe_intermediate_size=spec.moe_ffn_hidden_size,
-            decoder_sparse_step=spec.moe_layer_interval,
-            norm_topk_prob=spec.moe_renormalize,
-        )
-    if arch == "qwen2_moe":
-        cfg.update(
-            qkv_bias=spec.attention_bias, shared_expert_intermediate_size=spec.shared_expert_ffn_hidden_size
-        )
-    if arch == "qwen3_moe":
-        cfg.update(attention_bias=spec.attention_bias)
-    if arch == "gemma3":
-        local = spec.sliding_window is not None
-        cfg.update(
-            hidden_activation=spec.activation,
-            attention_bias=spec.attention_bias,
-            sliding_window=spec.sliding_window,
-            layer_types=[
-                "sliding_attention" if local and (i + 1) % spec.sliding_window_pattern else "full_attention"
-                for i in range(spec.n_layers)
-            ],
-        )
+    writer = _WRITERS.get(arch)
+    if writer is not None:
+        cfg.update(writer(spec))
     return cfg

@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -20,6 +20,7 @@ from toolkit.errors import UserError
 from toolkit.plan import hf_config
 from toolkit.plan.presets import preset_names, preset_path
 from toolkit.plan.specs import ClusterSpec, ModelSpec
+from toolkit.plan.traced import TracedModel, TraceNeeded, write_trace
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -163,24 +164,42 @@ def _not_a_deepspeed_config(data: dict[str, Any], path: Path, what: str) -> None
         )
 
 
-def load_model(ref: str, overrides: dict[str, Any] | None = None) -> ModelSpec:
-    """A model from a preset name, a dstk YAML/JSON file or an HF `config.json`, with field overrides."""
+Tracer = Callable[[dict[str, Any], str], TracedModel]
+"""Traces an HF config the family table does not know (the run half's `toolkit/run/trace.py`, handed in by the
+command layer: the planning half never imports it)."""
+
+
+def load_model(ref: str, overrides: dict[str, Any] | None = None, tracer: Tracer | None = None) -> ModelSpec:
+    """A model from a preset name, a dstk YAML/JSON file or an HF `config.json`, with field overrides. An HF
+    config of a model type the family table has no entry for is read from its cached trace; without one, it is
+    traced by `tracer` (and cached), or refused in one line when no tracer is given."""
     data, source = _resolve("models", ref)
     if hf_config.is_hf_config(data):
         if Path(source).name == "config.json" and not data.get("_name_or_path"):
             data = {**data, "_name_or_path": Path(source).absolute().parent.name}  # an HF folder's own name
-        data = hf_config.from_hf_config(data, source)
+        try:
+            data = hf_config.from_hf_config(data, source)
+        except TraceNeeded as need:
+            if tracer is None:
+                raise UserError(
+                    f"{source}: model_type {need.config.get('model_type')!r} has no entry in dstk's family table "
+                    "and has not been traced yet; `dstk estimate --model` it once (it needs transformers)"
+                ) from None
+            write_trace(tracer(need.config, source))
+            data = hf_config.from_hf_config(data, source)
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     data.update(given)
     return build(ModelSpec, data, source, labels={k: f"--{k.replace('_', '-')}" for k in given})
 
 
-def model_from(ref: str | None, params: float | None, seq_length: int | None = None) -> ModelSpec:
+def model_from(
+    ref: str | None, params: float | None, seq_length: int | None = None, tracer: Tracer | None = None
+) -> ModelSpec:
     """The model `--model REF` or `--params N` (one of them) names, with `--seq-length`."""
     if params is not None:
         return model_from_params(params, **({"seq_length": seq_length} if seq_length else {}))
     assert ref is not None
-    return load_model(ref, {"seq_length": seq_length})
+    return load_model(ref, {"seq_length": seq_length}, tracer)
 
 
 def with_gpu_figures(data: dict[str, Any], source: str) -> dict[str, Any]:

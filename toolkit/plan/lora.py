@@ -94,7 +94,7 @@ def targets(model: ModelSpec, spec: LoraSpec) -> tuple[str, ...]:
     unknown = [n for n in names if n not in known]
     if unknown:
         raise UserError(
-            f"--lora: targets {'+'.join(unknown)} are not linear modules of a {model.architecture} block; "
+            f"--lora: targets {'+'.join(unknown)} are not linear modules of a {model.family_label} block; "
             f"valid: {', '.join(known)}"
         )
     return tuple(names)

@@ -62,7 +62,7 @@ def op_recompute_is_torchtitan_fsdp(m: ModelSpec, c: ClusterSpec, r: LayoutReque
         return (
             "--recompute ops: torchtitan's op-level selective checkpointing, priced with --fsdp for dense models "
             f"with separate q/k/v projections, without --tp, --pp or --lora (got fsdp={r.fsdp}, tp={r.tp}, "
-            f"pp={r.pp}, lora={r.lora}, num_experts={m.num_experts}, architecture={m.architecture})"
+            f"pp={r.pp}, lora={r.lora}, num_experts={m.num_experts}, architecture={m.family_label})"
         )
     return None
 

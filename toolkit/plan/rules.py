@@ -158,15 +158,35 @@ def _zeropp_needs_cuda(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) 
 def _autotp_architecture(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
     if r.tp > 1 and not m.family.autotp:
         return (
-            f"--tp: DeepSpeed AutoTP cannot shard {m.architecture} models (supported: "
+            f"--tp: DeepSpeed AutoTP cannot shard {m.family_label} models (supported: "
             f"{', '.join(supporting('autotp'))}); use tp=1 with ZeRO, or Megatron-DeepSpeed (dstk config --megatron)"
         )
     return None
 
 
+def _traced_runs_as_hf(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """A traced model (no family entry: toolkit/plan/traced.py) runs as transformers builds it: what dstk does
+    to a model by its modules' names — moving sparse blocks into DeepSpeed's MoE layer for expert parallelism,
+    converting linear layers to FP8, placing LoRA adapters — needs a family it knows."""
+    if m.trace is None:
+        return None
+    asked = [
+        f
+        for f, on in (("--ep", r.ep > 1), ("--precision fp8", r.precision == "fp8"), ("--lora", r.lora))
+        if on
+    ]
+    if not asked:
+        return None
+    return (
+        f"{'/'.join(asked)}: {m.family_label} has no entry in dstk's family table, so it trains as transformers "
+        "builds it (data parallelism, ZeRO 0-3, offload); expert parallelism, FP8 and LoRA need a family dstk "
+        f"knows ({', '.join(supporting('native_moe'))} for --ep)"
+    )
+
+
 def _pipeline_architecture(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
     if r.pp > 1 and not m.family.pipeline:
-        return f"--pp: dstk pipelines {', '.join(supporting('pipeline'))} models, not {m.architecture}"
+        return f"--pp: dstk pipelines {', '.join(supporting('pipeline'))} models, not {m.family_label}"
     return None
 
 
@@ -183,9 +203,9 @@ def _native_moe_zero3(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -
     at ep = 1 stays HF's, a ZeRO-3 leaf module."""
     if m.is_moe and r.zero_stage == 3 and (not m.family.native_moe or r.ep > 1):
         what = (
-            f"{m.architecture} with experts"
+            f"{m.family_label} with experts"
             if not m.family.native_moe
-            else f"{m.architecture} with --ep {r.ep}"
+            else f"{m.family_label} with --ep {r.ep}"
         )
         return f"--zero-stage: DeepSpeed MoE layers ({what}) need ZeRO stage 1 or 2, not 3"
     return None
@@ -241,7 +261,7 @@ def _hf_attention_is_the_runtime(m: ModelSpec, c: ClusterSpec, r: LayoutRequest,
         else "eager attention (transformers has no SDPA path for it)"
     )
     return (
-        f"--{'' if r.flash_attention else 'no-'}flash-attention: HF {m.architecture} models in the DeepSpeed engine "
+        f"--{'' if r.flash_attention else 'no-'}flash-attention: HF {m.family_label} models in the DeepSpeed engine "
         f"run {runs}; the flag applies to --target megatron"
     )
 
@@ -309,6 +329,7 @@ RULES: tuple[Rule, ...] = (
     Rule("zeropp_needs_cuda", _zeropp_needs_cuda),
     Rule("autotp_supports_architecture", _autotp_architecture, scope="deepspeed"),
     Rule("pipeline_supports_architecture", _pipeline_architecture, scope="deepspeed"),
+    Rule("traced_model_runs_as_hf_builds_it", _traced_runs_as_hf, scope="deepspeed"),
     Rule("hf_pipeline_is_data_parallel_only", _pipeline_with_tp, scope="deepspeed"),
     Rule("native_moe_needs_zero_le_2", _native_moe_zero3, scope="deepspeed"),
     Rule("tp_sequence_parallel_needs_megatron", _tp_sp_needs_megatron, scope="deepspeed"),

@@ -35,7 +35,7 @@ def sp_architecture(m: ModelSpec, r: LayoutRequest, dp: int) -> str | None:
     table's `ulysses` for which families reshape that as it expects."""
     if r.sp > 1 and not m.family.ulysses:
         why = "its attention reshapes Ulysses' output wrongly" if m.family.sdpa else "no SDPA attention"
-        return f"--sp: DeepSpeed-Ulysses runs {', '.join(supporting('ulysses'))} models, not {m.architecture} ({why})"
+        return f"--sp: DeepSpeed-Ulysses runs {', '.join(supporting('ulysses'))} models, not {m.family_label} ({why})"
     return None
 
 

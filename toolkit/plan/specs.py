@@ -10,15 +10,20 @@ Only the standard library, pydantic and PyYAML are imported: `dstk estimate` and
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from toolkit.plan.architectures import ACTIVATIONS, ARCHITECTURES, ArchitectureFacts
+from toolkit.plan.architectures import ACTIVATIONS, ARCHITECTURES, FAMILIES, TRACED, ArchitectureFacts
+from toolkit.plan.model_checks import check_shape
+from toolkit.plan.traced import TRACE_FIELD, TracedModel
 
-# Exactly the families and activations of plan/architectures.py's tables: a new family is a table entry, and
+# Exactly the families and activations of plan/architectures.py's tables, and `traced` (a model read off what
+# transformers builds: toolkit/plan/traced.py): a new family is a table entry, or nothing at all, and
 # pydantic's error for any other name lists the valid ones.
-Architecture = Literal[tuple(ARCHITECTURES)]  # type: ignore[valid-type]
+Architecture = Literal[tuple(FAMILIES)]  # type: ignore[valid-type]
 Activation = Literal[tuple(ACTIVATIONS)]  # type: ignore[valid-type]
 Accelerator = Literal["cuda", "cpu", "xpu", "hpu", "npu", "mps"]
 Precision = Literal["bf16", "fp16", "fp32", "fp8"]
@@ -111,9 +116,28 @@ class ModelSpec(BaseModel):
     sliding_window: int | None = Field(default=None, gt=0)
     """Keys a local-attention layer sees (Gemma 3: 512 in the 1B, 1024 above); None: every layer attends to
     the whole sequence. Only families whose HF model has local layers accept it."""
-    sliding_window_pattern: int = Field(default=1, gt=0)
+    sliding_window_pattern: int = Field(default=1, ge=0)
     """With a sliding window, every k-th block attends globally and the others locally (Gemma 3: 6, i.e. five
-    local layers to one global one)."""
+    local layers to one global one; gpt-oss and Gemma 2: 2; Llama 4: 4, its chunked-attention layers around
+    every fourth, global NoPE one); 0: every block local (Phi-3's sliding window)."""
+    q_lora_rank: int | None = Field(default=None, gt=0)
+    """Multi-head latent attention: the rank of the query's low-rank projection (DeepSeek-V3: 1536); None:
+    queries through one full projection (DeepSeek-V2-Lite)."""
+    kv_lora_rank: int | None = Field(default=None, gt=0)
+    """Multi-head latent attention: the rank of the compressed key/value latent (DeepSeek-V3: 512). Set only for
+    families with latent attention; q/k heads are then `head_dim` = nope + rope wide."""
+    qk_rope_head_dim: int | None = Field(default=None, gt=0)
+    """Multi-head latent attention: the rotary part of each q/k head (DeepSeek-V3: 64 of 192), its key shared
+    by all heads."""
+    v_head_dim: int | None = Field(default=None, gt=0)
+    """Width of each value head where it differs from the q/k heads' (DeepSeek-V3: 128 against 192)."""
+    first_dense_layers: int = Field(default=0, ge=0)
+    """Leading blocks with a dense MLP before the MoE blocks begin (DeepSeek-V3's `first_k_dense_replace`: 3;
+    Kimi K2: 1)."""
+    trace: TracedModel | None = TRACE_FIELD
+    """For `architecture: traced`: what the meta-built HF model showed (toolkit/plan/traced.py); the cost model
+    reads its parameters, linear layers, attention cores and saved activations instead of the table's
+    formulas. Set by the loader from the trace cache, never written in a description file."""
 
     @model_validator(mode="before")
     @classmethod
@@ -123,7 +147,7 @@ class ModelSpec(BaseModel):
             return data
         data = {k: v for k, v in data.items() if v is not None}
         # an unknown family falls back to GPT-2's defaults here; the Literal field then names the valid ones
-        arch = ARCHITECTURES.get(str(data.get("architecture", "gpt2")), ARCHITECTURES["gpt2"])
+        arch = FAMILIES.get(str(data.get("architecture", "gpt2")), ARCHITECTURES["gpt2"])
         for key, value in arch.defaults.items():
             data.setdefault(key, value)
         data.setdefault("attention_out_bias", data.get("attention_bias"))
@@ -135,42 +159,14 @@ class ModelSpec(BaseModel):
             gated = data.get("gated_mlp")
             data.setdefault("ffn_hidden_size", llama_ffn_hidden_size(hidden) if gated else 4 * hidden)
         data.setdefault("moe_ffn_hidden_size", data.get("ffn_hidden_size"))
+        if arch.shared_expert_as_wide_as_experts and data.get("num_experts"):
+            data.setdefault("shared_expert_ffn_hidden_size", data.get("moe_ffn_hidden_size"))
         data.setdefault("max_position_embeddings", data.get("seq_length"))
         return data
 
     @model_validator(mode="after")
     def _check_shape(self) -> ModelSpec:
-        if self.head_dim is None:
-            raise ValueError(
-                f"n_heads: hidden_size({self.hidden_size}) is not divisible by n_heads({self.n_heads}); "
-                "give head_dim explicitly or a head count that divides hidden_size"
-            )
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(
-                f"n_kv_heads: n_heads({self.n_heads}) must be a multiple of n_kv_heads({self.n_kv_heads})"
-            )
-        if self.num_experts == 1:
-            raise ValueError("num_experts: 1 expert is a dense model; use 0 (dense) or >= 2")
-        if self.num_experts and self.moe_top_k > self.num_experts:
-            raise ValueError(f"moe_top_k: {self.moe_top_k} exceeds num_experts({self.num_experts})")
-        if self.shared_expert_ffn_hidden_size and not (self.family.shared_expert and self.is_moe):
-            raise ValueError(
-                "shared_expert_ffn_hidden_size: only an MoE model of a family with a shared expert "
-                f"({', '.join(n for n, f in ARCHITECTURES.items() if f.shared_expert)}) has one"
-            )
-        if self.num_experts and self.moe_layer_interval > self.n_layers:
-            raise ValueError(
-                f"moe_layer_interval: {self.moe_layer_interval} exceeds n_layers({self.n_layers}); no block would be MoE"
-            )
-        if self.sliding_window is not None and not self.family.local_attention:
-            raise ValueError(
-                f"sliding_window: HF's {self.architecture} attends globally in every layer; local layers exist in "
-                f"{', '.join(n for n, f in ARCHITECTURES.items() if f.local_attention)} models"
-            )
-        if self.position_embedding == "learned" and self.max_position_embeddings < self.seq_length:
-            raise ValueError(
-                f"seq_length: {self.seq_length} exceeds max_position_embeddings({self.max_position_embeddings})"
-            )
+        check_shape(self)
         return self
 
     @property
@@ -178,8 +174,16 @@ class ModelSpec(BaseModel):
         return self.num_experts > 0
 
     @property
+    def family_label(self) -> str:
+        """The family's name in messages: the table's, or a traced model's own `model_type`."""
+        return f"{self.trace.model_type} (traced)" if self.trace is not None else self.architecture
+
+    @property
     def family(self) -> ArchitectureFacts:
-        """What dstk knows about this model's architecture family (toolkit/plan/architectures.py)."""
+        """What dstk knows about this model's architecture family (toolkit/plan/architectures.py); a traced
+        model's attention implementation is the one its trace ran."""
+        if self.trace is not None:
+            return _traced_facts(self.trace.attn_implementation == "sdpa")
         return ARCHITECTURES[self.architecture]
 
     @property
@@ -188,12 +192,33 @@ class ModelSpec(BaseModel):
         Gemma3TextConfig: layer i is global when (i + 1) % pattern == 0)."""
         if self.sliding_window is None:
             return 0
+        if self.sliding_window_pattern == 0:
+            return self.n_layers
         return self.n_layers - self.n_layers // self.sliding_window_pattern
+
+    def moe_layer(self, j: int) -> bool:
+        """Whether block j (from 0) has routed experts: every `moe_layer_interval`-th, counting from the first;
+        for a traced model, the blocks where the trace saw them."""
+        if self.trace is not None:
+            return self.trace.layer_kinds[j] == "moe"
+        return self.is_moe and j >= self.first_dense_layers and (j + 1) % self.moe_layer_interval == 0
 
     @property
     def n_moe_layers(self) -> int:
-        """Blocks whose MLP is an MoE layer: every `moe_layer_interval`-th, counting from the first."""
-        return self.n_layers // self.moe_layer_interval if self.is_moe else 0
+        """Blocks whose MLP is an MoE layer (`moe_layer`): every `moe_layer_interval`-th after the first dense ones."""
+        if self.trace is not None:
+            return self.trace.kind(True).blocks
+        return sum(1 for j in range(self.n_layers) if self.moe_layer(j)) if self.is_moe else 0
+
+    @property
+    def v_width(self) -> int:
+        """Width of a value head (the q/k head's unless latent attention makes it narrower)."""
+        return self.v_head_dim or self.head_dim
+
+
+@functools.lru_cache(maxsize=2)
+def _traced_facts(sdpa: bool) -> ArchitectureFacts:
+    return dataclasses.replace(TRACED, sdpa=sdpa)
 
 
 DEFAULT_AUX_LOSS_COEF = 0.01

@@ -66,7 +66,7 @@ def block_params_per_rank(model: ModelSpec, tp: int) -> int:
     pc = count_params(model)
     dense = pc.block_common + pc.dense_mlp
     moe = pc.block_common + pc.router + pc.num_experts * pc.expert
-    return max(dense, moe if pc.n_moe_layers else 0) // tp
+    return int(max(dense, moe if pc.n_moe_layers else 0) // tp)
 
 
 def deepspeed_default_knobs(layout: Layout) -> ZeroKnobs:

@@ -188,9 +188,10 @@ def prepare_run(args: Any, world: int, cluster: Any = None) -> tuple[Any, list[s
     from toolkit.plan.load import model_from
     from toolkit.run.loop_state import LoopOptions, TrainRun
     from toolkit.run.stability import Fault
+    from toolkit.run.trace import trace_announced
     from toolkit.run.train_flags import batching_options, guard_options
 
-    model = model_from(args.model, args.params, args.seq_length)
+    model = model_from(args.model, args.params, args.seq_length, tracer=trace_announced)
     config = read_ds_config(input_file(args.config, "--config", "a DeepSpeed JSON config"))
     block = read_dstk_block(config)
     if args.steps is not None and args.steps <= 0:

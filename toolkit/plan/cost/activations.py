@@ -21,10 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from toolkit.plan.architectures import ACTIVATIONS
+from toolkit.plan.cost.attention import MASK_BYTES
+from toolkit.plan.cost.traced_blocks import traced_block_bytes
 from toolkit.plan.layout import Layout, LayoutRequest
 from toolkit.plan.specs import ModelSpec
 
-MASK_BYTES = 1  # dropout masks are stored as bytes (Korthikanti et al., §4.1)
 OFFLOAD_KEPT_ON_DEVICE = 3
 """Block inputs still on the GPU with `cpu_checkpointing`: DeepSpeed's offload engine keeps the newest one
 (keep_last_count=1) and references up to two more until their asynchronous device-to-host copies finish
@@ -107,15 +108,30 @@ class ActivationTerms:
         return replicated + (self.sharded + self.quadratic) / tp
 
 
+def routed_copies(model: ModelSpec, hf_dense: bool = False) -> float:
+    """Copies of each token the experts compute: top-k, padded by the capacity factor — or all E where HF's
+    block runs every expert (`hf_dense`: Llama 4's HF modules without expert parallelism; `hf_dense_experts`)."""
+    if hf_dense and model.family.hf_dense_experts:
+        return float(model.num_experts)
+    return model.moe_top_k * model.moe_capacity_factor
+
+
 def _mlp_saved(model: ModelSpec) -> int:
-    """Tensors of the MLP's inner width autograd keeps: a gated MLP gate, up, act(gate) and their product, 4;
-    an ungated one what `plan/architectures.py`'s ACTIVATIONS says (a fused GeLU its input and the second
-    matmul's input, 2; HF GPT-2's eight-op `gelu_new` 5)."""
-    return 4 if model.gated_mlp else ACTIVATIONS[model.activation].saved
+    """Tensors of the MLP's inner width autograd keeps: a gated MLP gate, up, act(gate) and their product, 4
+    (gpt-oss's clamped SwiGLU 7); an ungated one what `plan/architectures.py`'s ACTIVATIONS says (a fused GeLU
+    its input and the second matmul's input, 2; HF GPT-2's eight-op `gelu_new` 5)."""
+    facts = ACTIVATIONS[model.activation]
+    return facts.gated_saved if model.gated_mlp else facts.saved
 
 
 def block_terms(
-    model: ModelSpec, tokens: int, act_bytes: int, moe: bool, fp8_inputs: bool = False
+    model: ModelSpec,
+    tokens: int,
+    act_bytes: int,
+    moe: bool,
+    fp8_inputs: bool = False,
+    hf_modules: bool = False,
+    dense_experts: bool = True,
 ) -> ActivationTerms:
     """Activation terms of one block for `tokens` = s·b tokens at `act_bytes` per element.
 
@@ -124,13 +140,18 @@ def block_terms(
     2 MB input, FP8 a 1 MB one). It replaces the 16-bit copy where the linear layer is its only keeper — the
     QKV and MLP inputs (norm outputs), the second MLP matmul's input — and comes on top of it for the attention
     output, which the fused attention kernel keeps for its own backward ("it may lead to increased memory
-    usage, if the high precision tensor also needs to be saved ... for example if it is the attention output")."""
+    usage, if the high precision tensor also needs to be saved ... for example if it is the attention output").
+
+    `hf_modules`: the block is HF's eager module (dstk's DeepSpeed run path), which keeps more than a fused
+    runtime's block (`hf_eager_extra`), and with `dense_experts` (no expert parallelism) runs the experts as
+    HF does (`routed_copies`)."""
     e, h, s = act_bytes, model.hidden_size, model.seq_length
     fp8 = 1 if fp8_inputs else e  # bytes of a saved linear-layer input
     q_width, kv_width = model.n_heads * model.head_dim, model.n_kv_heads * model.head_dim
+    v_width, o_width = model.n_kv_heads * model.v_width, model.n_heads * model.v_width
     mask = MASK_BYTES if model.dropout else 0
     # Attention: Q and K for QKᵀ, V for the weighted sum, the input of the output projection.
-    sharded = e * (q_width + kv_width) + e * kv_width + e * q_width + (q_width if fp8_inputs else 0)
+    sharded = e * (q_width + kv_width) + e * v_width + e * o_width + (o_width if fp8_inputs else 0)
     if model.qk_norm:  # Qwen3's per-head RMSNorm keeps its inputs (the projections' outputs) too
         sharded += e * (q_width + kv_width)
     # Softmax output (and, with dropout, its mask and dropped-out copy): b·a·s² elements, i.e. a·s per token.
@@ -139,10 +160,16 @@ def block_terms(
     # The norm inputs (two; Gemma's post-norms add the attention and MLP outputs), the QKV input, the MLP
     # input, and two residual dropout masks.
     replicated = model.family.norms_per_block * e * h + fp8 * h + fp8 * h + 2 * mask * h
+    if model.kv_lora_rank is not None:
+        # latent attention's low-rank paths, whole on every TP rank: each latent's RMSNorm keeps its input
+        # and the up projection its normalized output; the rope key shared by the heads
+        replicated += 2 * e * ((model.q_lora_rank or 0) + model.kv_lora_rank) + e * (
+            model.qk_rope_head_dim or 0
+        )
     # of the MLP's saved tensors, the second matmul's input is that linear layer's own
     per_width = (_mlp_saved(model) - 1) * e + fp8
     if moe:
-        ffn, routed = model.moe_ffn_hidden_size, model.moe_top_k * model.moe_capacity_factor
+        ffn, routed = model.moe_ffn_hidden_size, routed_copies(model, hf_modules and dense_experts)
         mlp = per_width * ffn * routed
         # dispatched tokens into the experts and their outputs before the combine
         mlp += 2 * e * h * routed
@@ -151,9 +178,65 @@ def block_terms(
     else:
         mlp = per_width * model.ffn_hidden_size
     sharded += mlp
+    if hf_modules:
+        extra = hf_eager_extra(model, e, moe)
+        sharded, replicated, quadratic = (
+            sharded + extra.sharded,
+            replicated + extra.replicated,
+            quadratic + extra.quadratic,
+        )
     return ActivationTerms(
         sharded=sharded * tokens, replicated=replicated * tokens, quadratic=quadratic * tokens
     )
+
+
+def hf_eager_extra(model: ModelSpec, e: int, moe: bool) -> ActivationTerms:
+    """Bytes per token an HF eager block keeps beyond a fused runtime's (`block_terms`), read from the modules'
+    source (transformers 5.x) and checked against a trace of each family (tests/test_traced.py):
+    - RMSNorm (LlamaRMSNorm and its copies) keeps an fp32 copy of its input (`pow`) and the normalized value
+      (`weight *`): 4 bytes more per element than a fused norm's one input, or `8 - e` more where the weight
+      multiplies the fp32 value (Gemma, OLMo 2, gpt-oss: `norm_fp32_output`) — the block norms, q/k norms and
+      latent attention's two low-rank norms alike;
+    - SDPA keeps its output, and the output projection a transposed contiguous copy of it: one more o-wide
+      tensor; eager attention keeps key and value heads repeated for every query head (`repeat_kv`);
+    - Llama 4's weightless q/k L2 norm keeps fp32 inputs on its local layers; Qwen2-MoE's gated shared expert
+      its output;
+    - latent attention's value is a view of the up projection's output, which keeps the nope keys alive beside it,
+      and Phi-3's a view of its fused q/k/v output, which keeps q and k alive beside their rotated copies;
+    - a router in fp32 (DeepSeek, GLM-4.5) keeps an fp32 copy of its input;
+    - eager attention (no SDPA path) keeps its softmax in fp32 beside the cast copy the weighted sum reads
+      (4 bytes more per head and key), and Gemma 2's capped logits."""
+    h, heads = model.hidden_size, model.n_heads
+    # torch's LayerNorm keeps its input and two fp32 statistics per token, as a fused norm does
+    per_element = 0 if model.norm != "rmsnorm" else (8 - e) if model.family.norm_fp32_output else 4
+    replicated = per_element * model.family.norms_per_block * h
+    sharded = 0.0
+    if model.qk_norm:
+        sharded += per_element * (heads + model.n_kv_heads) * model.head_dim
+    if model.kv_lora_rank is not None:
+        replicated += per_element * ((model.q_lora_rank or 0) + model.kv_lora_rank)
+        sharded += e * heads * (model.head_dim - (model.qk_rope_head_dim or 0))
+    qk = (heads + model.n_kv_heads) * model.head_dim
+    if model.family.qk_l2_norm_local and model.n_layers:
+        sharded += 4 * qk * model.n_local_layers / model.n_layers  # its fp32 inputs, on local layers only
+    if model.family.sdpa:
+        sharded += e * heads * model.v_width
+    else:  # eager attention repeats the key/value heads for every query head and keeps the copies
+        sharded += 2 * e * (heads - model.n_kv_heads) * model.head_dim
+    if moe and model.family.shared_expert_gate:
+        sharded += e * h  # the shared expert's output, kept for the product with its gate
+    if model.family.fused_qkv and model.position_embedding == "rope":
+        # Phi-3: rotary makes new q and k, and v stays a view of the fused q/k/v output, all of which it keeps
+        sharded += e * (heads + model.n_kv_heads) * model.head_dim
+    if moe and model.family.router_fp32:
+        replicated += 4 * h
+    quadratic = 0.0
+    if not model.family.sdpa:
+        scores = heads * model.seq_length
+        quadratic = scores * (
+            (4 if model.family.eager_softmax_fp32 else 0) + (e if model.family.attention_softcap else 0)
+        )
+    return ActivationTerms(sharded=sharded, replicated=replicated, quadratic=quadratic)
 
 
 def flash_attention(model: ModelSpec, layout: LayoutRequest) -> bool:
@@ -202,20 +285,24 @@ def block_bytes(
     moe: bool = False,
     fp8_inputs: bool = False,
     float8: str | None = None,
+    hf_modules: bool = False,
+    dense_experts: bool = True,
 ) -> float:
     """Bytes one block keeps for one micro-batch on one TP rank under the given recomputation (`float8`: the
-    linear layers are torchao's, `torchao_linears`)."""
+    linear layers are torchao's, `torchao_linears`; `hf_modules`: HF's eager modules, `hf_eager_extra`)."""
     tokens = model.seq_length * micro_batch
     if recompute == "full":
         stored = act_bytes * model.hidden_size * tokens
         return stored / tp if sequence_parallel else stored
+    if model.trace is not None:
+        return traced_block_bytes(model, tokens, act_bytes, recompute, moe)
     if recompute == "ops":
         # the block input, the saved matmuls' outputs, the attention output and its log-sum-exp
         saved, _ = op_sac_matmuls(model, tp, float8)
         attention = model.n_heads * model.head_dim / tp
         width = model.hidden_size + sum(out for _, out in saved) + attention
         return tokens * (act_bytes * width + SDPA_LSE_BYTES * model.n_heads / tp)
-    terms = block_terms(model, tokens, act_bytes, moe, fp8_inputs)
+    terms = block_terms(model, tokens, act_bytes, moe, fp8_inputs, hf_modules, dense_experts)
     if recompute == "selective":
         terms = ActivationTerms(terms.sharded, terms.replicated, 0.0)
     return terms.per_rank(tp, sequence_parallel)
@@ -238,7 +325,15 @@ def _block_bytes_args(layout: Layout) -> dict:
         sequence_parallel=layout.tp_sequence_parallel,
         fp8_inputs=layout.fp8_recipe == "delayed",
         float8=torchao_linears(layout.fp8_recipe, layout.fused_kernels),
+        hf_modules=hf_modules(layout),
+        dense_experts=layout.ep == 1,
     )
+
+
+def hf_modules(layout: Layout) -> bool:
+    """Whether the layout's blocks are HF's eager modules: dstk's DeepSpeed run path (no `--fused-kernels`,
+    no PyTorch FSDP runtime)."""
+    return not layout.fused_kernels and layout.fsdp is None
 
 
 def per_micro_activations(model: ModelSpec, layout: Layout, blocks: int, moe_blocks: int) -> float:

@@ -14,13 +14,16 @@ issues and computes, so the per-op cost (dispatch plus autograd bookkeeping) add
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Any
 
 from toolkit.plan.architectures import ACTIVATIONS
-from toolkit.plan.cost.activations import MASK_BYTES, op_sac_matmuls, torchao_linears
+from toolkit.plan.attention_maps import attention_maps
+from toolkit.plan.cost.activations import op_sac_matmuls, routed_copies, torchao_linears
+from toolkit.plan.cost.attention import attention_core_s
 from toolkit.plan.cost.fp8 import CastTraffic, Fp8Gemms, Linear, cast_traffic
+from toolkit.plan.cost.gemm import gemm_s, linear_s
+from toolkit.plan.cost.traced_blocks import traced_block_time, traced_linears
 from toolkit.plan.params import ParamCount
 from toolkit.plan.specs import ClusterSpec, ModelSpec
 
@@ -51,9 +54,12 @@ def rmsnorm_eager_passes(e: int) -> float:
     return (36 if e == 2 else 28) / e
 
 
-def kernels_per_block(model: ModelSpec, fused: bool = True, flash: bool = True) -> int:
+def kernels_per_block(model: ModelSpec, fused: bool = True, flash: bool = True, moe: bool = False) -> float:
     """Kernels one block issues in forward; `fused=False` adds HF eager RMSNorm's and rotary's kernels,
-    `flash=False` the materialized attention core's (QKᵀ, softmax, dropout, AV instead of one fused kernel)."""
+    `flash=False` the materialized attention core's (QKᵀ, softmax, dropout, AV instead of one fused kernel). A
+    traced model's are the ops its trace counted."""
+    if model.trace is not None:
+        return model.trace.kind(moe).kernels
     n = KERNELS_PER_BLOCK_FORWARD + ACTIVATIONS[model.activation].kernels + (1 if model.gated_mlp else 0)
     n += model.family.norms_per_block - 2  # Gemma's post-norms
     if not flash:
@@ -82,76 +88,30 @@ class StageCompute:
         return self.forward_s + self.backward_s + self.recompute_s
 
 
-# Output tiles cuBLAS runs large bf16/fp16 GEMMs with on Ampere/Hopper: the guide lists 256×128 and 128×256 as
-# the most efficient, then 128×128 (NVIDIA, "Matrix Multiplication Background User's Guide" §2.3).
-GEMM_TILES = ((256, 128), (128, 256), (128, 128))
-
-
-def quantization_efficiency(m: float, n: float, sm_count: int) -> float:
-    """Fraction of the GPU's tile slots an m×n GEMM output keeps busy, for the best of `GEMM_TILES`.
-
-    Tile quantization: the last row/column of tiles is partly empty (m·n over the tiled area). Wave
-    quantization: the tiles run in waves of `sm_count`, and the last wave is partly idle (tiles over
-    waves·SMs). NVIDIA's guide §3.1-3.2 measures both on A100 (e.g. throughput peaks at N = 1536, 3072, ...
-    for M = 2304: 108, 216, ... tiles of 256×128). Large training GEMMs sit near 1; a TP shard of a 1-2k
-    hidden size or a short micro-batch loses 10-40 %.
-    """
-    if m <= 0 or n <= 0:
-        return 1.0
-    best = 0.0
-    for bm, bn in GEMM_TILES:
-        tm, tn = math.ceil(m / bm), math.ceil(n / bn)
-        tiles = tm * tn
-        waves = math.ceil(tiles / sm_count)
-        best = max(best, (m * n) / (tm * bm * tn * bn) * tiles / (waves * sm_count))
-    return best
-
-
-def _gemm_s(
-    m: float,
-    k: float,
-    n: float,
-    e: int,
-    peak: float,
-    cluster: ClusterSpec,
-    efficiency: float | None = None,
-    out_e: int | None = None,
-) -> float:
-    """One GEMM (m×k)·(k×n): compute-bound at `efficiency` (default the cluster's matmul efficiency) of `peak`
-    (less its tile and wave quantization where the SM count is known) or memory-bound on its operands (`e`
-    bytes each) and result (`out_e`, default `e`)."""
-    eff = efficiency or cluster.gpu_matmul_efficiency
-    if cluster.gpu_sm_count:
-        eff *= quantization_efficiency(m, n, cluster.gpu_sm_count)
-    out = e if out_e is None else out_e
-    return max(
-        2 * m * k * n / (peak * eff),
-        (e * (m * k + k * n) + out * m * n) / (cluster.gpu_memory_gb_per_s * 1e9),
-    )
-
-
-def _linear_s(x: Linear, e: int, peak: float, cluster: ClusterSpec, fp8: Fp8Gemms | None) -> float:
-    """A linear layer's forward GEMM: in the training precision, or with FP8 operands and a bf16 result."""
-    if fp8 is None:
-        return _gemm_s(x.m, x.k, x.n, e, peak, cluster)
-    return _gemm_s(x.m, x.k, x.n, 1, fp8.peak, cluster, fp8.efficiency, out_e=e)
-
-
-def block_linears(model: ModelSpec, m: float, tp: int, moe: bool, ep: int = 1) -> list[Linear]:
+def block_linears(
+    model: ModelSpec, m: float, tp: int, moe: bool, ep: int = 1, hf_modules: bool = False
+) -> list[Linear]:
     """The linear layers of one block on one rank for `m` tokens (Ulysses' split already taken): QKV and the
     attention output, then the MLP's maps — or the routed experts' (m · top-k · capacity tokens; the rank holds
     num_experts / ep of them) and a shared expert's. Routers and the shared expert's scalar gate are not among
-    them: n = experts or 1, priced in the training precision by `block_forward_s`."""
+    them: n = experts or 1, priced in the training precision by `block_forward_s`. A traced model's are the
+    GEMMs its trace saw against weights, routers included (`traced_linears`). Llama 4's HF block run as HF
+    modules without expert parallelism (`hf_modules`, ep = 1) computes every expert on every token."""
+    if model.trace is not None:
+        return traced_linears(model, m, moe, ep)
     h = model.hidden_size
-    q_w, kv_w = model.n_heads * model.head_dim, model.n_kv_heads * model.head_dim
-    qkv, out = (q_w + 2 * kv_w) / tp, q_w / tp
-    linears = [
-        Linear(m, h, qkv, h * qkv, bool(model.attention_bias)),
-        Linear(m, out, h, out * h, bool(model.attention_out_bias)),
-    ]
+    if model.kv_lora_rank is not None:
+        linears = latent_linears(model, m, tp)
+    else:
+        q_w, kv_w = model.n_heads * model.head_dim, model.n_kv_heads * model.head_dim
+        qkv, out = (q_w + 2 * kv_w) / tp, q_w / tp
+        linears = [
+            Linear(m, h, qkv, h * qkv, bool(model.attention_bias)),
+            Linear(m, out, h, out * h, bool(model.attention_out_bias)),
+        ]
     n_in, bias = (2 if model.gated_mlp else 1), bool(model.mlp_bias)
     if moe:
-        routed, ffn = model.moe_top_k * model.moe_capacity_factor, model.moe_ffn_hidden_size
+        routed, ffn = routed_copies(model, hf_modules and ep == 1), model.moe_ffn_hidden_size
         experts = model.num_experts / ep
         linears += [
             Linear(m * routed, h, n_in * ffn, experts * h * n_in * ffn, bias),
@@ -164,6 +124,17 @@ def block_linears(model: ModelSpec, m: float, tp: int, moe: bool, ep: int = 1) -
         ffn = model.ffn_hidden_size / tp
         linears += [Linear(m, h, n_in * ffn, h * n_in * ffn, bias), Linear(m, ffn, h, ffn * h, bias)]
     return linears
+
+
+def latent_linears(model: ModelSpec, m: float, tp: int) -> list[Linear]:
+    """Multi-head latent attention's linear layers on one TP rank (plan/attention_maps.py): the down
+    projections whole, the up projections split by columns, the output by rows."""
+    out = []
+    for x in attention_maps(model):
+        k = x.k / tp if x.split == "row" else x.k
+        n = x.n / tp if x.split == "column" else x.n
+        out.append(Linear(m, k, n, k * n))
+    return out
 
 
 @dataclass(frozen=True)
@@ -197,6 +168,7 @@ def block_time(
     ep: int = 1,
     fp8: Fp8Gemms | None = None,
     op_replay: bool = False,
+    hf_modules: bool = False,
 ) -> BlockTime:
     """Forward and backward time of one block for `tokens` tokens on one rank (TP shards matrices, SP shards
     tokens); `fused=False` prices HF's eager RMSNorm and rotary embedding op by op. Backward is two forwards
@@ -207,16 +179,18 @@ def block_time(
     hbm = cluster.gpu_memory_gb_per_s * 1e9
     h = model.hidden_size
     m = tokens / sp
-    q_w, kv_w = model.n_heads * model.head_dim, model.n_kv_heads * model.head_dim
-    linears = block_linears(model, m, tp, moe, ep)
-    t = sum(_linear_s(x, e, peak, cluster, fp8) for x in linears)
-    t += attention_core_s(model, cluster, m, e, tp, peak, flash)
+    linears = block_linears(model, m, tp, moe, ep, hf_modules)
+    t = sum(linear_s(x, e, peak, cluster, fp8) for x in linears)
+    t += attention_core_s(model, cluster, m, e, tp, peak, flash, moe)
+    if model.trace is not None:
+        return BlockTime(*traced_block_time(model, cluster, m, e, moe, t, frozen))
     if moe:
-        t += _gemm_s(m, h, model.num_experts, e, peak, cluster)  # router
+        t += gemm_s(m, h, model.num_experts, e, peak, cluster)  # router
         shared = model.shared_expert_ffn_hidden_size
-        if shared:
-            t += _gemm_s(m, h, 1, e, peak, cluster)  # the shared expert's gate
-        ffn_tp = model.moe_ffn_hidden_size * model.moe_top_k * model.moe_capacity_factor + shared / tp
+        if shared and model.family.shared_expert_gate:
+            t += gemm_s(m, h, 1, e, peak, cluster)  # Qwen2-MoE's shared expert's gate
+        routed = routed_copies(model, hf_modules and ep == 1)
+        ffn_tp = model.moe_ffn_hidden_size * routed + shared / tp
     else:
         ffn_tp = model.ffn_hidden_size / tp
     # memory-bound passes per token: the norms (read+write h; 2, or Gemma's 4), 2 residual adds (read 2h,
@@ -226,7 +200,8 @@ def block_time(
     act = ACTIVATIONS[model.activation].passes + (3 if model.gated_mlp else 0)
     passes = (replicated / tp if sequence_parallel else replicated) + act * ffn_tp
     if not fused and model.position_embedding == "rope":
-        passes += ROTARY_EAGER_PASSES * (q_w + kv_w) / tp
+        rope = model.qk_rope_head_dim or model.head_dim  # latent attention rotates its rope part only
+        passes += ROTARY_EAGER_PASSES * (model.n_heads + model.n_kv_heads) * rope / tp
     elementwise = passes * e * m / hbm
     t += elementwise
     issue = kernels_per_block(model, fused, flash) * cluster.kernel_launch_us * 1e-6
@@ -241,45 +216,12 @@ def block_time(
     if op_replay:
         float8 = torchao_linears(fp8.recipe, fp8.compiled) if fp8 else None
         _, replayed = op_sac_matmuls(model, tp, float8)
-        sac = sum(_linear_s(Linear(m, k, n, k * n), e, peak, cluster, fp8) for k, n in replayed)
+        sac = sum(linear_s(Linear(m, k, n, k * n), e, peak, cluster, fp8) for k, n in replayed)
         sac += elementwise + casts.forward_bytes / hbm
         replay = sac + f_issue if cpu else max(sac, f_issue)
     if cpu:
         return BlockTime(f_work + f_issue, b_work + b_issue, per_step, replay)
     return BlockTime(max(f_work, f_issue), max(b_work, b_issue), per_step, replay)
-
-
-def attention_efficiency(cluster: ClusterSpec) -> float:
-    return cluster.attention_efficiency or cluster.gpu_matmul_efficiency
-
-
-def attention_core_s(
-    model: ModelSpec, cluster: ClusterSpec, m: float, e: int, tp: int, peak: float, flash: bool
-) -> float:
-    """Forward seconds of one block's attention core (QKᵀ, softmax, AV) for `m` tokens on one rank (heads
-    split over TP; Ulysses hands a rank m = tokens/sp tokens' worth of the same work).
-
-    4·s·(a·d) FLOPs per token either way (no causal saving counted, the MFU convention). Fused (FlashAttention,
-    SDPA) the scores stay on chip: the FLOPs at `attention_efficiency`. Materialized (Megatron-DeepSpeed's
-    CoreAttention: `baddbmm`, FusedScaleMaskSoftmax, dropout, `bmm`; eager attention likewise) QKᵀ and AV are
-    batched GEMMs, each at the roofline of its FLOPs and its bytes — QKᵀ reads q and k and writes the a·s
-    scores per token, AV reads them and v and writes the output — and between them the softmax reads and
-    writes the scores, and attention dropout reads them and writes the dropped copy and a byte mask. At 2k
-    tokens on an A100 that makes a block of Narayanan et al.'s 1.7B GPT (24 heads of 96) 1.32× slower than
-    with fused attention, and one of GPT-3 175B 1.05× (benchmarks/published_runs.py prices their Table 1 this
-    way: within 0.95-1.08 of all ten runs).
-    """
-    s, heads, d = model.seq_length, model.n_heads / tp, model.head_dim
-    flops = 4 * m * s * heads * d
-    if flash:
-        return flops / (peak * attention_efficiency(cluster))
-    hbm = cluster.gpu_memory_gb_per_s * 1e9
-    scores = m * s * heads  # elements: b·(a/t)·s² for m = b·s tokens
-    bmm_bytes = e * (scores + 2 * m * heads * d)
-    bmm = max(flops / 2 / (peak * cluster.gpu_matmul_efficiency), bmm_bytes / hbm)
-    softmax = 2 * e * scores
-    dropout = (2 * e + MASK_BYTES) * scores if model.dropout else 0.0
-    return 2 * bmm + (softmax + dropout) / hbm
 
 
 def early_stop_skips(
@@ -299,8 +241,8 @@ def early_stop_skips(
     its backward graph recomputes only what it needs, which the down projection's output is not.
     tests/test_recompute_early_stop.py counts the GEMMs of HF models' backward, with torch's, DeepSpeed's,
     torchao's and peft's LoRA linear layers, to check this."""
-    if model.dropout or (fp8_recipe == "tensorwise" and not compiled):
-        return False
+    if model.trace is not None or model.dropout or (fp8_recipe == "tensorwise" and not compiled):
+        return False  # a traced block's last op is not known to be its down projection: whole blocks
     if lora is None:
         return True
     from toolkit.plan.lora import block_linears as lora_linears
@@ -333,6 +275,7 @@ def stage_compute(
     fp8: Fp8Gemms | None = None,
     recompute_every: int = 1,
     early_stop: bool = False,
+    hf_modules: bool = False,
 ) -> StageCompute:
     """Forward, backward and recomputation seconds of one micro-batch on one rank of a pipeline stage.
 
@@ -361,6 +304,7 @@ def stage_compute(
         frozen=frozen,
         ep=ep,
         fp8=fp8,
+        hf_modules=hf_modules,
     )
     fwd = bwd = per_step = op_sac = 0.0
     for count, moe in ((dense_layers, False), (moe_layers, True)):
@@ -371,19 +315,21 @@ def stage_compute(
             fwd, bwd = fwd + count * block.forward_s, bwd + count * block.backward_s
             per_step += count * block.per_step_s
             op_sac += count * block.op_sac_s
-    attention_fwd = (dense_layers + moe_layers) * attention_core_s(
-        model, cluster, tokens / sp, e, tp, peak, flash
+    attention_fwd = sum(
+        count * attention_core_s(model, cluster, tokens / sp, e, tp, peak, flash, moe)
+        for count, moe in ((dense_layers, False), (moe_layers, True))
+        if count
     )
     if last:
         hbm = cluster.gpu_memory_gb_per_s * 1e9
-        head = _gemm_s(tokens / sp, model.hidden_size, model.vocab_size / tp, e, peak, cluster)
+        head = gemm_s(tokens / sp, model.hidden_size, model.vocab_size / tp, e, peak, cluster)
         head += (e + 8) * tokens / sp * model.vocab_size / tp / hbm  # upcast + log-softmax of the logits
         fwd, bwd = fwd + head, bwd + (1 if frozen else 2) * head
     blocks = dense_layers + moe_layers
     blocks_fwd = fwd - (head if last else 0.0)
     if early_stop and recompute == "full" and dense_layers:
         tail = block_linears(model, tokens / sp, tp, False, ep)[-1]
-        blocks_fwd -= dense_layers * _linear_s(tail, e, peak, cluster, fp8)
+        blocks_fwd -= dense_layers * linear_s(tail, e, peak, cluster, fp8)
     recompute_s = {"full": blocks_fwd, "selective": attention_fwd, "ops": op_sac}.get(recompute, 0.0)
     if recompute == "full" and recompute_every > 1 and blocks:
         recompute_s = blocks_fwd * (blocks // recompute_every) / blocks

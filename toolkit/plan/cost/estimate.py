@@ -111,6 +111,7 @@ class Estimate:
             layout.recompute_every or 1,
             skips_down_projection(self.model, layout),
             act.torchao_linears(layout.fp8_recipe, layout.fused_kernels),
+            act.hf_modules(layout) and layout.ep == 1,
         )
 
     @property
@@ -166,6 +167,7 @@ class Estimate:
         m, t = self.memory, self.time
         return {
             "model": self.model.name,
+            **({"model_notes": list(self.model.trace.notes)} if self.model.trace is not None else {}),
             "cluster": self.cluster.name,
             "n_params": count_params(self.model).total,
             "n_active_params": count_params(self.model).active,
@@ -234,14 +236,12 @@ def _with_total(parts: dict[str, float]) -> dict[str, int]:
 
 def stage_blocks(model: ModelSpec, pp: int) -> list[tuple[int, int]]:
     """(blocks, MoE blocks) per pipeline stage: blocks split evenly (earlier stages take the remainder),
-    block j is MoE when (j + 1) is a multiple of `moe_layer_interval`."""
+    block j is MoE when `model.moe_layer(j)`."""
     per, extra = divmod(model.n_layers, pp)
     out, start = [], 0
     for i in range(pp):
         n = per + (1 if i < extra else 0)
-        moe = sum(
-            1 for j in range(start, start + n) if model.is_moe and (j + 1) % model.moe_layer_interval == 0
-        )
+        moe = sum(1 for j in range(start, start + n) if model.moe_layer(j))
         out.append((n, moe))
         start += n
     return out
@@ -353,6 +353,8 @@ def _grad_partition(model: ModelSpec, layout: Layout) -> int | None:
 
 
 def _largest_param(pc, layout: Layout, model: ModelSpec) -> float:
+    if model.trace is not None:
+        return max(pc.word_embedding, pc.largest_dense_leaf, pc.largest_expert_leaf / layout.ep)
     return max(pc.word_embedding / layout.tp, pc.mlp_weights / layout.tp / (3 if model.gated_mlp else 2))
 
 
@@ -392,6 +394,7 @@ def estimate(
             frozen=layout.lora is not None,
             fused_kernels=layout.fused_kernels,
             ep=layout.ep,
+            hf_modules=act.hf_modules(layout),
         )
         compute = stage_compute(model, pc, cluster, **stage, peak=peak, fp8=fp8)
         trainable = _lora_params(model, layout, st.blocks)

@@ -14,7 +14,8 @@ experts. The same model FLOPs price a training run (`dstk plan --tokens`) and re
 
 from __future__ import annotations
 
-from toolkit.plan.cost.activations import op_sac_matmuls
+from toolkit.plan.cost.activations import op_sac_matmuls, routed_copies
+from toolkit.plan.cost.attention import attention_cores
 from toolkit.plan.params import count_params
 from toolkit.plan.specs import ModelSpec
 
@@ -29,9 +30,19 @@ def attended_keys(model: ModelSpec) -> int:
 
 def attention_flops_per_token(model: ModelSpec) -> float:
     """Forward + backward FLOPs of QKᵀ and AV per token over all layers: 12·H·Q·ΣT (PaLM App. B; ΣT over the
-    layers, a local layer's T its window). The step-time model still prices the whole square for local
-    layers: HF's SDPA path hands the window to the kernel as a mask, and a masked score costs what any does."""
-    return 12 * model.n_heads * model.head_dim * attended_keys(model)
+    layers, a local layer's T its window), 6·H·(Q_qk + Q_v)·ΣT where q/k and v heads differ in width. The
+    step-time model still prices the whole square for local layers: HF's SDPA path hands the window to the
+    kernel as a mask, and a masked score costs what any does. A traced model sums the cores its trace saw."""
+    if model.trace is not None:
+        s = model.seq_length
+        total = 0.0
+        for moe in (False, True):
+            blocks = model.trace.kind(moe).blocks
+            for c in attention_cores(model, moe):
+                keys = min(c.window or s, s)
+                total += blocks * c.count * 6 * c.heads * (c.qk + c.v) * keys
+        return total
+    return 6 * model.n_heads * (model.head_dim + model.v_width) * attended_keys(model)
 
 
 def matmul_params(model: ModelSpec) -> int:
@@ -62,6 +73,7 @@ def hardware_flops_per_token(
     recompute_every: int = 1,
     early_stop: bool = False,
     float8: str | None = None,
+    dense_experts: bool = False,
 ) -> float:
     """FLOPs the accelerators execute per token: model FLOPs, plus expert capacity padding and recomputation.
 
@@ -72,9 +84,10 @@ def hardware_flops_per_token(
     s/6h + V/16lh)); `early_stop` (a checkpoint that stops before each dense block's last linear layer,
     toolkit.plan.cost.compute.early_stop_skips) leaves that layer's 2·ffn·h per token out of it; selective
     recomputation repeats the attention core; torchtitan's op-level policy (`ops`) the matmuls it does not save.
+    Llama 4's HF block without expert parallelism (`dense_experts`) computes every expert, all of it executed.
     """
     pc = count_params(model)
-    padding = pc.n_moe_layers * pc.moe_top_k * pc.expert * max(0.0, model.moe_capacity_factor - 1)
+    padding = pc.n_moe_layers * pc.expert * max(0.0, routed_copies(model, dense_experts) - pc.moe_top_k)
     attention_forward = attention_flops_per_token(model) / 3
     total = model_flops_per_token(model, frozen) + (4 if frozen else 6) * padding
     if recompute == "full":

@@ -309,7 +309,10 @@ def rank_params(
     row biases, routers, positions); the tied embedding lives on both the first and the last stage."""
     t, ep = layout.tp, layout.ep
     common = (
-        (pc.attention_weights + pc.attention_sharded_bias) / t + pc.attention_replicated_bias + pc.block_norms
+        (pc.attention_weights + pc.attention_sharded_bias) / t
+        + pc.attention_replicated_weights
+        + pc.attention_replicated_bias
+        + pc.block_norms
     )
     dense_mlp = (pc.mlp_weights + pc.mlp_sharded_bias) / t + pc.mlp_replicated_bias
     dense_blocks = blocks - moe_blocks

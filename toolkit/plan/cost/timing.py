@@ -178,14 +178,20 @@ def sp_all_to_all_bytes(model: ModelSpec, layout: Layout, n_blocks: int, e: int)
     if layout.sp == 1:
         return 0.0
     tokens = layout.micro_batch_size * model.seq_length / layout.sp
-    widths = 2 * model.n_heads * model.head_dim + 2 * model.n_kv_heads * model.head_dim
+    widths = model.n_heads * (model.head_dim + model.v_width) + model.n_kv_heads * (
+        model.head_dim + model.v_width
+    )
     passes = 3 if layout.recompute == "full" else 2
     return passes * n_blocks * tokens * widths * e / layout.tp
 
 
 def _gather_calls(model: ModelSpec, load: StageLoad, params: float, knobs: ZeroKnobs) -> float:
     """ZeRO-3 all-gathers per pass: one per module that owns parameters, coalesced up to the prefetch bucket."""
-    per_block = model.family.linears_per_block + (2 if load.n_moe_blocks else 0)
+    if model.trace is not None:  # the modules that own parameters, as the trace counted them
+        dense, moe = model.trace.kind(False), model.trace.kind(True)
+        per_block = moe.param_modules if load.n_moe_blocks else dense.param_modules
+    else:
+        per_block = model.family.linears_per_block + (2 if load.n_moe_blocks else 0)
     return max(load.n_blocks * per_block, params / max(knobs.stage3_prefetch_bucket_size, 1))
 
 
