@@ -37,6 +37,8 @@ def _small(name: str) -> ModelSpec:
         extra.update(q_lora_rank=48, kv_lora_rank=32, qk_rope_head_dim=16, head_dim=48, v_head_dim=32)
     if name in ("deepseek_v2", "deepseek_v3", "glm4_moe"):
         extra.update(first_dense_layers=1)
+    if name == "glm4_moe":
+        extra.update(attention_bias=True, qk_norm=True)  # q/k/v biases without an output bias
     grouped = facts.naming == "llama" and not facts.latent_attention
     return ModelSpec(
         architecture=name,

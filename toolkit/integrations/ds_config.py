@@ -233,9 +233,11 @@ def build_ds_config(
     }
     if layout.tp > 1:
         cfg["tensor_parallel"] = {"autotp_size": layout.tp}
-    # expert parallelism needs no config section: dstk builds DeepSpeed MoE layers with ep_size in code, from
-    # dense models (toolkit/parallel/moe.py) and from HF's own sparse blocks (toolkit/parallel/hf_moe.py; not
-    # DeepSpeed's AutoEP `expert_parallel` section, which fails on transformers 5)
+    # expert parallelism: DeepSpeed's AutoEP where it runs the family's HF blocks (ArchitectureFacts.expert_parallel);
+    # otherwise dstk builds DeepSpeed MoE layers with ep_size in code, from dense models (toolkit/parallel/moe.py)
+    # and from HF's own sparse blocks (toolkit/parallel/hf_moe.py), and the config needs no section
+    if layout.ep > 1 and model.family.expert_parallel == "autoep":
+        cfg["expert_parallel"] = autoep_block(model, layout.ep)
     if layout.sp > 1:
         cfg["sequence_parallel_size"] = layout.sp
     if layout.pp > 1:
@@ -267,6 +269,16 @@ def build_ds_config(
             "overlap_events": True,
         }
     return cfg
+
+
+def autoep_block(model: ModelSpec, ep: int) -> dict[str, Any]:
+    """DeepSpeed AutoEP's `expert_parallel` section (deepspeed/module_inject/auto_ep_config.py): its preset where
+    it has one for the model type (DeepSeek-V2/V3, found by `model_type`), its custom keys otherwise (Llama 4),
+    with the router's top-k."""
+    keys = dict(model.family.autoep_keys or {})
+    if "moe_layer_pattern" in keys:  # the custom preset reads the top-k from here
+        keys["top_k"] = model.moe_top_k
+    return {"enabled": True, "autoep_size": ep, **keys}
 
 
 def rebatch(cfg: dict[str, Any], layout: Layout) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Expert parallelism for HF's own MoE blocks (Mixtral, Qwen2-MoE, Qwen3-MoE), routed exactly as HF routes.
+"""Expert parallelism for HF's own MoE blocks (Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss), routed exactly as HF routes.
 
 DeepSpeed's AutoEP would do this but fails on transformers 5.x: `auto_ep_presets/base.py` calls
 `_CAN_RECORD_REGISTRY.get(key, default)`, and transformers' `_CanRecordRegistry.get(self, model)` takes one
@@ -70,51 +70,88 @@ class RouterGate(torch.nn.Module):
 
 
 class FusedExpert(torch.nn.Module):
-    """One expert of HF's fused `experts` (gate_up_proj [2f, h], gate rows first; down_proj [h, f])."""
+    """One expert of HF's fused `experts`, its tensors named and shaped as HF's slices for that expert (so a
+    checkpoint's per-expert files stack back into HF's tensors): Mixtral's and Qwen's `gate_up_proj` [2f, h]
+    (gate rows first) and `down_proj` [h, f]; gpt-oss's transposed [h, 2f] and [f, h] with biases, gate and
+    up interleaved and clamped (GptOssExperts._apply_gate)."""
 
-    def __init__(self, hidden: int, ffn: int, act: Any, dtype: torch.dtype) -> None:
+    def __init__(self, experts: torch.nn.Module, index: int) -> None:
         super().__init__()
-        self.act_fn = act
-        self.gate_up_proj = torch.nn.Parameter(torch.empty(2 * ffn, hidden, dtype=dtype))
-        self.down_proj = torch.nn.Parameter(torch.empty(hidden, ffn, dtype=dtype))
+        self.transposed = _transposed(experts)
+        self.act_fn = getattr(experts, "act_fn", None)
+        self.alpha = getattr(experts, "alpha", None)
+        self.limit = getattr(experts, "limit", None)
+        for name in _EXPERT_TENSORS:
+            source = getattr(experts, name, None)
+            if isinstance(source, torch.nn.Parameter):
+                self.register_parameter(name, torch.nn.Parameter(source.detach()[index].clone()))
+
+    def _gate(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if self.limit is not None:  # gpt-oss: interleaved, clamped, (up + 1) · gate · σ(α · gate)
+            gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+            gate = gate.clamp(min=None, max=self.limit)
+            up = up.clamp(min=-self.limit, max=self.limit)
+            return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.act_fn(gate) * up
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up_proj).chunk(2, dim=-1)
-        return F.linear(self.act_fn(gate) * up, self.down_proj)
+        bias_up, bias_down = getattr(self, "gate_up_proj_bias", None), getattr(self, "down_proj_bias", None)
+        if self.transposed:
+            h = self._gate(x @ self.gate_up_proj + (bias_up if bias_up is not None else 0))
+            return h @ self.down_proj + (bias_down if bias_down is not None else 0)
+        h = self._gate(F.linear(x, self.gate_up_proj, bias_up))
+        return F.linear(h, self.down_proj, bias_down)
+
+
+_EXPERT_TENSORS = ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
+
+
+def _transposed(experts: torch.nn.Module) -> bool:
+    """HF's fused expert tensors are [E, h, 2f] (gpt-oss) rather than [E, 2f, h] (Mixtral, Qwen): transformers
+    5's `use_experts_implementation` records it on the module."""
+    return bool(getattr(experts, "is_transposed", False))
+
+
+def _router(block: torch.nn.Module) -> torch.nn.Module:
+    """The sparse block's router: `gate` (Mixtral, Qwen) or `router` (gpt-oss)."""
+    return block.gate if hasattr(getattr(block, "gate", None), "top_k") else block.router
 
 
 class ExpertParallelBlock(torch.nn.Module):
     """What replaces an HF sparse MoE block: the block's jitter (Mixtral, training only) before routing, DeepSpeed's
     MoE with the block's router, and Qwen2-MoE's gated shared expert beside it — outside the `moe` module, whose
-    keys DeepSpeed treats as experts when it saves. Returns hidden states, as the HF block does."""
+    keys DeepSpeed treats as experts when it saves. Returns hidden states as the HF block does: alone, or with
+    the router's scores where the decoder layer unpacks a pair (gpt-oss)."""
 
     def __init__(self, block: torch.nn.Module, ep_size: int, ep_rank: int) -> None:
         from deepspeed.moe.layer import MoE
 
         super().__init__()
-        experts = block.experts
-        num, ffn2, hidden = experts.gate_up_proj.shape
-        dtype = experts.gate_up_proj.dtype
+        experts, router = block.experts, _router(block)
+        num = experts.gate_up_proj.shape[0]
+        hidden = experts.down_proj.shape[2 if _transposed(experts) else 1]
+        local = num // ep_size
         self.moe = MoE(
             hidden_size=hidden,
-            expert=FusedExpert(hidden, ffn2 // 2, experts.act_fn, dtype),
+            expert=FusedExpert(experts, ep_rank * local),
             num_experts=num,
             ep_size=ep_size,
-            k=block.gate.top_k,
+            k=router.top_k,
             drop_tokens=False,
             top2_2nd_expert_sampling=False,
         )
-        self.moe.deepspeed_moe.gate = RouterGate(block.gate, num)
-        local = num // ep_size
+        self.moe.deepspeed_moe.gate = RouterGate(router, num)
         with torch.no_grad():
             for j, expert in enumerate(self.moe.deepspeed_moe.experts.deepspeed_experts):
-                expert.gate_up_proj.copy_(experts.gate_up_proj[ep_rank * local + j])
-                expert.down_proj.copy_(experts.down_proj[ep_rank * local + j])
+                for name, param in expert.named_parameters():
+                    param.copy_(getattr(experts, name)[ep_rank * local + j])
         self.jitter = float(getattr(block, "jitter_noise", 0.0) or 0.0)
         self.shared_expert = getattr(block, "shared_expert", None)
         self.shared_expert_gate = getattr(block, "shared_expert_gate", None)
+        self.returns_pair = hasattr(block, "router")
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor) -> Any:
         batch, seq, hidden = hidden_states.shape
         if self.training and self.jitter > 0:
             hidden_states = hidden_states * torch.empty_like(hidden_states).uniform_(
@@ -124,13 +161,16 @@ class ExpertParallelBlock(torch.nn.Module):
         out, _, _ = self.moe(x)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        return out.reshape(batch, seq, hidden)
+        out = out.reshape(batch, seq, hidden)
+        return (out, None) if self.returns_pair else out
 
 
 def is_sparse_block(module: torch.nn.Module) -> bool:
-    """HF's sparse MoE blocks: a top-k router `gate` and fused `experts` (Mixtral, Qwen2-MoE, Qwen3-MoE)."""
+    """HF's sparse MoE blocks: a top-k router (`gate`, gpt-oss's `router`) and fused `experts` (Mixtral,
+    Qwen2-MoE, Qwen3-MoE, gpt-oss)."""
     experts = getattr(module, "experts", None)
-    return hasattr(getattr(module, "gate", None), "top_k") and hasattr(experts, "gate_up_proj")
+    routers = (getattr(module, "gate", None), getattr(module, "router", None))
+    return any(hasattr(r, "top_k") for r in routers) and hasattr(experts, "gate_up_proj")
 
 
 def convert_hf_moe(model: torch.nn.Module, ep_size: int) -> int:
@@ -150,3 +190,16 @@ def convert_hf_moe(model: torch.nn.Module, ep_size: int) -> int:
             layer.mlp = ExpertParallelBlock(layer.mlp, ep_size, ep_rank)
             converted += 1
     return converted
+
+
+def return_router_pair(model: torch.nn.Module) -> int:
+    """Make each of DeepSpeed AutoEP's layers return (hidden states, None), as the HF decoder layer whose sparse
+    block it replaced unpacks it (Llama 4's `hidden_states, _ = self.feed_forward(...)`): AutoEP's custom preset
+    has no key for it, and without this the layer unpacks the batch dimension instead (at micro-batch 2 with no
+    error). A plain forward hook on the layer, no change to either library; returns how many were hooked."""
+    from deepspeed.module_inject.auto_ep_layer import AutoEPMoELayer
+
+    layers = [m for m in model.modules() if isinstance(m, AutoEPMoELayer)]
+    for layer in layers:
+        layer.register_forward_hook(lambda module, args, out: (out, None))
+    return len(layers)

@@ -126,6 +126,7 @@ def _deepseek(name: str, hf_prefix: str, **facts_and_defaults: Any) -> Architect
         shared_expert=True,
         latent_attention=True,
         router_fp32=True,
+        expert_parallel="autoep",
         lora_targets=("q_a_proj", "kv_a_proj_with_mqa"),
         q_lora_rank=1536,
         kv_lora_rank=512,
@@ -267,6 +268,11 @@ ARCHITECTURES: Mapping[str, ArchitectureFacts] = MappingProxyType(
             experts_before_router=True,
             shared_expert=True,
             router_fp32=True,
+            attention_out_bias=False,  # `attention_bias` adds q/k/v biases only (Glm4MoeAttention)
+            # GLM-4.5's sparse block is DeepSeek-V3's (sigmoid group-limited router with a score-correction
+            # bias, shared experts), and so is its config's naming: AutoEP's DeepSeek-V3 preset runs it
+            expert_parallel="autoep",
+            autoep_keys=MappingProxyType(dict(preset_model="deepseek_v3")),
         ),
         "gpt_oss": _llama_like(
             "gpt_oss",
@@ -281,6 +287,7 @@ ARCHITECTURES: Mapping[str, ArchitectureFacts] = MappingProxyType(
             eager_softmax_fp32=False,
             activation="gpt_oss_swiglu",
             router_module="router",
+            experts_transposed=True,
             local_attention=True,
             attention_bias=True,
             attention_out_bias=True,
@@ -300,6 +307,22 @@ ARCHITECTURES: Mapping[str, ArchitectureFacts] = MappingProxyType(
             shared_expert_as_wide_as_experts=True,
             hf_dense_experts=True,
             qk_l2_norm_local=True,
+            expert_parallel="autoep",
+            # AutoEP has no Llama 4 preset: its custom keys, HF's sigmoid scores applied to the expert input
+            autoep_keys=MappingProxyType(
+                dict(
+                    moe_layer_pattern=r"model\.layers\.\d+\.feed_forward",
+                    router_pattern="router",
+                    expert_pattern="experts",
+                    score_func="sigmoid",
+                    score_apply="pre",
+                    route_norm=False,
+                    has_shared_experts=True,
+                    shared_experts_pattern="shared_expert",
+                )
+            ),
+            autoep_returns_tuple=True,
+            experts_transposed=True,
             moe_module="feed_forward",
             router_module="router",
             local_attention=True,

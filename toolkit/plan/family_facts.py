@@ -75,6 +75,20 @@ class ArchitectureFacts:
     """HF's sparse block runs every expert on every token and zeroes what the router did not pick (Llama 4's
     `Llama4TextMoe`): dstk's HF run path computes that at ep = 1; with expert parallelism its DeepSpeed layer
     dispatches the top-k."""
+    expert_parallel: Literal["dstk", "autoep"] = "dstk"
+    """Who makes expert parallelism of the HF sparse block (`--ep`): dstk's own conversion into DeepSpeed's MoE
+    layer routed by HF's router (toolkit/parallel/hf_moe.py), or DeepSpeed's AutoEP (`expert_parallel` in the
+    config; deepspeed/module_inject/auto_ep*.py), where it runs on transformers 5 without patching either
+    library: DeepSeek-V2/V3 by their presets, Llama 4 by AutoEP's custom keys (`autoep_keys`). AutoEP shards the
+    fused experts itself, at ZeRO-1/2/3. Measured against HF's own blocks on 2 gloo ranks (EP 2 = EP 1 = plain
+    HF to 1e-7; docs/troubleshooting.md)."""
+    autoep_keys: Mapping[str, Any] | None = None
+    """Keys of AutoEP's custom preset for a family it has no preset for (module patterns, scoring)."""
+    autoep_returns_tuple: bool = False
+    """The HF decoder layer unpacks its sparse block's output as (hidden, router logits) (Llama 4); AutoEP's
+    layer returns the hidden states alone, so a forward hook on it returns the pair."""
+    experts_transposed: bool = False
+    """HF stores the fused experts [E, h, 2f] and [E, f, h] (gpt-oss, Llama 4), not [E, 2f, h] and [E, h, f]."""
     moe_module: str = "mlp"
     """Name of a block's MLP or sparse block (Llama 4: `feed_forward`)."""
     router_module: str = "gate"

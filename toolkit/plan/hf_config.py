@@ -9,6 +9,7 @@ reader and one writer function per family.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from toolkit.errors import UserError
@@ -108,6 +109,7 @@ def _llama_family(data: dict[str, Any], model_type: str) -> dict[str, Any]:
     hidden, heads = spec.get("hidden_size"), spec.get("n_heads")
     if "head_dim" not in spec and isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
         spec["head_dim"] = hidden // heads  # the config classes' own default, floor division included
+    hf_keys.pad_within_vocabulary(data)
     reader = _READERS.get(model_type)
     if reader is not None:
         spec.update(reader(data))
@@ -149,16 +151,45 @@ def _traced(data: dict[str, Any], source: str) -> dict[str, Any]:
     return spec_fields(traced, _name(data, str(data["model_type"])))
 
 
+_NOT_BUILT_FROM = (
+    "_name_or_path",
+    "auto_map",
+    "quantization_config",
+    "transformers_version",
+    "torch_dtype",
+    "dtype",
+)
+"""Keys of a config.json that do not shape the model trained from scratch: its name, a repository's own modeling
+code (dstk runs transformers' own), the released weights' quantization and dtype."""
+
+
+def source_json(data: dict[str, Any]) -> str:
+    """The config.json a description was read from, as the run path builds it (canonical JSON)."""
+    return json.dumps({k: v for k, v in data.items() if k not in _NOT_BUILT_FROM}, sort_keys=True)
+
+
+def _still_the_source(spec: Any) -> bool:
+    """Whether `spec` still describes the config.json it was read from (a copy with another shape does not)."""
+    if spec.hf_config_json is None:
+        return False
+    fields = from_hf_config(json.loads(spec.hf_config_json), "config.json")
+    ignored = ("name", "seq_length", "max_position_embeddings")
+    return all(getattr(spec, k) == v for k, v in fields.items() if k not in ignored)
+
+
 def to_hf_config(spec: Any) -> dict[str, Any]:
     """HF config kwargs (with `model_type`) that build the model `spec` describes, for `AutoConfig.for_model`.
 
     The inverse of :func:`from_hf_config`; the run path builds its models from this, and a test checks that
-    the HF model's `sum(p.numel())` equals `count_params(spec).total` for every preset. A traced model is built
-    from its own config, its position limit raised to the training sequence where that is longer.
+    the HF model's `sum(p.numel())` equals `count_params(spec).total` for every preset. A model read from a
+    config.json (traced or not) is built from that config, its position limit raised to the training sequence
+    where that is longer.
     """
     arch = spec.architecture
-    if spec.trace is not None:
-        cfg = dict(spec.trace.hf_config)
+    if spec.trace is not None or _still_the_source(spec):
+        cfg = dict(spec.trace.hf_config) if spec.trace is not None else json.loads(spec.hf_config_json)
+        cfg = {k: v for k, v in cfg.items() if k not in _NOT_BUILT_FROM}
+        cfg["model_type"] = MODEL_TYPE_ALIASES.get(str(cfg.get("model_type")), cfg.get("model_type"))
         if isinstance(cfg.get("max_position_embeddings"), int):
             cfg["max_position_embeddings"] = max(cfg["max_position_embeddings"], spec.seq_length)
         return cfg

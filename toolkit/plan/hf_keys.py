@@ -180,9 +180,21 @@ def _write_bias_only(spec: Any) -> dict[str, Any]:
     return dict(attention_bias=spec.attention_bias, pad_token_id=None)
 
 
+def pad_within_vocabulary(data: dict[str, Any], default: int | None = None) -> None:
+    """transformers' embedding refuses a padding id outside the vocabulary (`Padding_idx must be within
+    num_embeddings`): said here, in one line, before any rank builds the model."""
+    pad, vocab = data.get("pad_token_id", default), data.get("vocab_size")
+    if isinstance(pad, int) and isinstance(vocab, int) and not 0 <= pad < vocab:
+        raise UserError(
+            f"pad_token_id: {pad} is outside the vocabulary (vocab_size {vocab}); give an id below {vocab} or null"
+        )
+
+
 def _read_phi3(data: dict[str, Any]) -> dict[str, Any]:
     """Phi3Config: fused q/k/v and gate/up projections; a `sliding_window` (Phi-3-mini: 2047) applies to every
-    layer; residual and embedding dropout where its probabilities are non-zero."""
+    layer; residual and embedding dropout where its probabilities are non-zero. Its `pad_token_id` defaults to
+    32000."""
+    pad_within_vocabulary(data, 32000)
     drop = any((data.get(k) or 0) > 0 for k in ("resid_pdrop", "embd_pdrop", "attention_dropout"))
     window = data.get("sliding_window")
     return dict(dropout=drop, sliding_window=window, sliding_window_pattern=0 if window else 1)

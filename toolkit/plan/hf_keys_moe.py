@@ -104,6 +104,7 @@ def _read_glm4_moe(data: dict[str, Any]) -> dict[str, Any]:
     )
     return dict(
         attention_bias=d.get("attention_bias", False),
+        attention_out_bias=False,
         qk_norm=bool(d.get("use_qk_norm", False)),
         num_experts=d.get("num_local_experts") or d["n_routed_experts"],
         moe_top_k=d["num_experts_per_tok"],

@@ -177,6 +177,7 @@ def load_model(ref: str, overrides: dict[str, Any] | None = None, tracer: Tracer
     if hf_config.is_hf_config(data):
         if Path(source).name == "config.json" and not data.get("_name_or_path"):
             data = {**data, "_name_or_path": Path(source).absolute().parent.name}  # an HF folder's own name
+        original = data
         try:
             data = hf_config.from_hf_config(data, source)
         except TraceNeeded as need:
@@ -187,6 +188,8 @@ def load_model(ref: str, overrides: dict[str, Any] | None = None, tracer: Tracer
                 ) from None
             write_trace(tracer(need.config, source))
             data = hf_config.from_hf_config(data, source)
+        if "trace" not in data:
+            data["hf_config_json"] = hf_config.source_json(original)
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     data.update(given)
     return build(ModelSpec, data, source, labels={k: f"--{k.replace('_', '-')}" for k in given})

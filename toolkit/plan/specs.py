@@ -134,6 +134,10 @@ class ModelSpec(BaseModel):
     first_dense_layers: int = Field(default=0, ge=0)
     """Leading blocks with a dense MLP before the MoE blocks begin (DeepSeek-V3's `first_k_dense_replace`: 3;
     Kimi K2: 1)."""
+    hf_config_json: str | None = Field(default=None, exclude=True, repr=False)
+    """The HF `config.json` the description was read from (canonical JSON): the run path builds that model, with
+    every key the file sets (rope scaling, routing groups, soft-capping), not the spec's round trip. Set by the
+    loader, never written in a description file."""
     trace: TracedModel | None = TRACE_FIELD
     """For `architecture: traced`: what the meta-built HF model showed (toolkit/plan/traced.py); the cost model
     reads its parameters, linear layers, attention cores and saved activations instead of the table's

@@ -32,6 +32,7 @@ def export(
     problem = check(ckpt_dir / tag)
     if problem:
         raise UserError(f"--tag: {ckpt_dir / tag} is not a complete checkpoint: {problem}")
+    model = AutoModelForCausalLM.from_config(hf_config(spec), dtype=torch.float32)
     # DeepSpeed MoE layers: one file per expert
     if any((ckpt_dir / tag).glob("layer_*_expert_*_model_states.pt")):
         if not spec.family.native_moe:
@@ -39,7 +40,9 @@ def export(
                 f"--model: {spec.name} was trained with DeepSpeed MoE layers in place of its MLPs; HF has no "
                 f"{spec.architecture} with experts to export to"
             )
-        state = _expert_parallel_state(ckpt_dir / tag)
+        from toolkit.run.export_experts import expert_parallel_state
+
+        state = expert_parallel_state(ckpt_dir / tag, model, spec.family.experts_transposed)
     elif any((ckpt_dir / tag).glob("*zero_pp_rank_*optim_states.pt")):  # ZeRO-1/2/3: partitioned fp32 masters
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
@@ -48,7 +51,6 @@ def export(
         state = torch.load(
             ckpt_dir / tag / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False
         )["module"]
-    model = AutoModelForCausalLM.from_config(hf_config(spec), dtype=torch.float32)
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {k for k in missing if "lm_head" in k and spec.tied_embeddings}
     if set(missing) - tied or unexpected:
@@ -69,42 +71,6 @@ def export(
         tok.save_pretrained(out)
     _follow_umask(out)
     return out
-
-
-def _expert_parallel_state(tag_dir: Path) -> dict[str, Any]:
-    """HF's state dict from a checkpoint of HF sparse blocks trained as expert-parallel DeepSpeed MoE layers
-    (toolkit.parallel.hf_moe). DeepSpeed's ZeRO merge cannot read it (its `*_model_states.pt` glob takes the
-    per-expert files for model states and stops), so: the rest of the model from `mp_rank_00_model_states.pt`,
-    the router back under `mlp.gate`, and each block's experts — one file per expert, named by its global id
-    in HF's order — stacked into HF's fused `gate_up_proj`/`down_proj`. These are the module's weights (a bf16
-    run's are bf16, rounded from its fp32 masters); in fp32 they are the masters."""
-    import re
-
-    import torch
-
-    def load(path: Path) -> dict[str, Any]:
-        return torch.load(path, map_location="cpu", weights_only=False)
-
-    router = ".mlp.moe.deepspeed_moe.gate.router."
-    state = {
-        k.replace(router, ".mlp.gate."): v
-        for k, v in load(tag_dir / "mp_rank_00_model_states.pt")["module"].items()
-    }
-    expert_key = re.compile(r"(.+\.mlp)\.moe\.deepspeed_moe\.experts\.deepspeed_experts\.(\d+)\.(\w+)")
-    experts: dict[str, dict[int, Any]] = {}
-    for path in tag_dir.glob("layer_*_expert_*_model_states.pt"):
-        for key, value in load(path).items():
-            m = expert_key.fullmatch(key)
-            if m is None:
-                raise UserError(
-                    f"--checkpoint: {path.name} holds {key!r}, not an expert of an HF sparse block"
-                )
-            experts.setdefault(f"{m[1]}.experts.{m[3]}", {})[int(m[2])] = value
-    for key, by_id in experts.items():
-        if sorted(by_id) != list(range(len(by_id))):
-            raise UserError(f"--checkpoint: {tag_dir} lacks experts of {key}: has {sorted(by_id)}")
-        state[key] = torch.stack([by_id[g] for g in range(len(by_id))])
-    return state
 
 
 def _special_tokens_from(tok: Any, model: Any) -> None:

@@ -35,15 +35,17 @@ def _prepare_default_data(run: TrainRun, rt: Any) -> Path:
 def _moe(model: Any, spec: ModelSpec, layout: Any) -> tuple[Any, Any]:
     """(router-loss collector, optimizer parameters): dense models with experts get DeepSpeed MoE layers and
     expert parameter groups; HF's own MoE models (Mixtral) add their router loss to the HF loss themselves, and
-    with expert parallelism their sparse blocks become DeepSpeed MoE layers routed by HF's router."""
+    with expert parallelism their sparse blocks become DeepSpeed MoE layers routed by HF's router — or, for the
+    families whose expert parallelism is DeepSpeed's AutoEP, stay HF's until `deepspeed.initialize` replaces them
+    (`expert_parallel` in the config)."""
     if not spec.is_moe:
         return None, model.parameters()
     from toolkit.parallel.moe import convert_to_moe, optimizer_groups
 
     if spec.family.native_moe:
         model.config.output_router_logits = True
-        if layout.ep == 1:
-            return None, model.parameters()
+        if layout.ep == 1 or spec.family.expert_parallel == "autoep":
+            return None, model.parameters()  # AutoEP replaces the sparse blocks inside deepspeed.initialize
         from toolkit.parallel.hf_moe import convert_hf_moe
 
         convert_hf_moe(model, layout.ep)
@@ -266,6 +268,10 @@ def main(run: TrainRun) -> dict[str, Any]:
             config=config,
             mpu=mpu,
         )
+        if "expert_parallel" in config and run.model.family.autoep_returns_tuple:
+            from toolkit.parallel.hf_moe import return_router_pair
+
+            return_router_pair(engine.module)
         if client_optimizer is not None:
             from toolkit.parallel.onebit import attach_to_engine
 
