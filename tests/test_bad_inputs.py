@@ -162,6 +162,12 @@ CASES: list[tuple[str, list[str], str]] = [
         r"model_type: 't5' is not a causal language model",
     ),
     (
+        # Phi3Config's default pad_token_id (32000) outside a small vocabulary: transformers' embedding refuses it
+        "hf-config-pad-outside-vocabulary",
+        ["estimate", "--model", f"{BAD}/pad_outside_vocab", "--cluster", "cpu"],
+        r"pad_token_id: 32000 is outside the vocabulary \(vocab_size 512\)",
+    ),
+    (
         "params-out-of-range",
         ["estimate", "--params", "1e20", "--cluster", "cpu"],
         r"--params: 1e\+20 is out of range",

@@ -22,6 +22,14 @@ BOTH = ("layout", "deepspeed", "runs")
 # One violating layout per rule: (rule name, model, cluster, overrides, request fields, message pattern)
 RULE_CASES = [
     (
+        "expert_parallel_needs_zero_at_fp32",
+        "mixtral-8x7b",
+        "dgx-a100-80g",
+        {},
+        dict(ep=2, zero_stage=0, precision="fp32"),
+        r"--ep: expert parallelism at ZeRO stage 0 in fp32 clips gradients by a wrong norm",
+    ),
+    (
         "traced_model_runs_as_hf_builds_it",
         "tests/models/tiny-olmoe",
         "cpu",

@@ -15,6 +15,7 @@ from toolkit.errors import UserError
 from toolkit.plan import fp8_support
 from toolkit.plan.architectures import supporting
 from toolkit.plan.cost.activations import runtime_flash_attention
+from toolkit.plan.expert_rules import ep_clip_at_zero0, ep_divides, ep_needs_moe, native_moe_zero3
 from toolkit.plan.layout import Layout, LayoutRequest, batch_arithmetic, data_parallel_size, default_precision
 from toolkit.plan.recomputation import (
     early_stop_is_torch_checkpoint,
@@ -120,23 +121,6 @@ def _onebit_needs_zero0(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int)
     return None
 
 
-def _ep_needs_moe(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
-    if r.ep > 1 and not m.is_moe:
-        return f"--ep: expert parallelism (ep={r.ep}) needs an MoE model; {m.name} has num_experts=0"
-    return None
-
-
-def _ep_divides(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
-    if not m.is_moe or r.ep == 1:
-        return None
-    if m.num_experts % r.ep:
-        valid = _divisors(m.num_experts)
-        return f"--ep: num_experts({m.num_experts}) must be divisible by ep({r.ep}); valid: {', '.join(map(str, valid))}"
-    if dp % r.ep:
-        return f"--ep: the data-parallel degree dp({dp}) must be divisible by ep({r.ep})"
-    return None
-
-
 def _cluster_free(check: Callable[[ModelSpec, LayoutRequest, int], str | None]) -> Check:
     """A rule that reads no cluster, in the rule table's signature."""
     return lambda m, c, r, dp: check(m, r, dp)
@@ -193,34 +177,6 @@ def _pipeline_architecture(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: i
 def _pipeline_with_tp(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
     if r.pp > 1 and (r.tp > 1 or r.sp > 1 or r.ep > 1):
         return "--pp: dstk's HF pipeline runs with data parallelism only (tp=sp=ep=1); 3D layouts need Megatron-DeepSpeed"
-    return None
-
-
-def _native_moe_zero3(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
-    """dstk's experts are DeepSpeed's own MoE layers — dense GPT-2/Llama made MoE, and HF's sparse blocks
-    (Mixtral, ...) with expert parallelism — which the engine refuses at stage 3 ("Native DeepSpeed MoE is not
-    supported with ZeRO Stage 3. Use AutoEP or choose ZeRO stage 1/2.", runtime/engine.py). An HF sparse block
-    at ep = 1 stays HF's, a ZeRO-3 leaf module."""
-    autoep = m.family.expert_parallel == "autoep"
-    if m.is_moe and r.zero_stage == 3 and (not m.family.native_moe or (r.ep > 1 and not autoep)):
-        what = (
-            f"{m.family_label} with experts"
-            if not m.family.native_moe
-            else f"{m.family_label} with --ep {r.ep}"
-        )
-        return f"--zero-stage: DeepSpeed MoE layers ({what}) need ZeRO stage 1 or 2, not 3"
-    return None
-
-
-def _ep_clip_at_zero0(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
-    """At ZeRO-0 in fp32 DeepSpeed clips by `runtime/utils.py:clip_grad_norm_`, which averages the ranks' norms
-    over the data-parallel group "due to the presence of moe params" (utils.py:413-419): with experts sharded
-    over EP ranks that is not the norm of the whole gradient, and every clipped step differs from ep = 1
-    (measured: 4.6e-4 in the loss after 6 SGD steps on a tiny DeepSeek-V3). The partitioned optimizers of
-    ZeRO-1/2/3 compute the norm over expert and data-parallel groups correctly."""
-    fp32 = (r.precision or "fp32") == "fp32"
-    if r.ep > 1 and r.zero_stage == 0 and fp32:
-        return "--ep: expert parallelism at ZeRO stage 0 in fp32 clips gradients by a wrong norm in DeepSpeed 0.19.8; use --zero-stage 1 or 2"
     return None
 
 
@@ -334,8 +290,8 @@ RULES: tuple[Rule, ...] = (
     Rule("precision_supported", _precision_supported),
     Rule("fp8_needs_hopper_or_ada", fp8_support.needs_fp8_tensor_cores),
     Rule("onebit_needs_zero0", _onebit_needs_zero0),
-    Rule("ep_needs_moe", _ep_needs_moe),
-    Rule("ep_divides_experts_and_dp", _ep_divides),
+    Rule("ep_needs_moe", ep_needs_moe),
+    Rule("ep_divides_experts_and_dp", ep_divides),
     Rule("sp_divides_heads_and_seq", _cluster_free(sp_divides)),
     Rule("zeropp_needs_zero3", _zeropp_needs_zero3),
     Rule("tp_sequence_parallel_needs_tp", _tp_sp_needs_tp),
@@ -344,8 +300,8 @@ RULES: tuple[Rule, ...] = (
     Rule("pipeline_supports_architecture", _pipeline_architecture, scope="deepspeed"),
     Rule("traced_model_runs_as_hf_builds_it", _traced_runs_as_hf, scope="deepspeed"),
     Rule("hf_pipeline_is_data_parallel_only", _pipeline_with_tp, scope="deepspeed"),
-    Rule("native_moe_needs_zero_le_2", _native_moe_zero3, scope="deepspeed"),
-    Rule("expert_parallel_needs_zero_at_fp32", _ep_clip_at_zero0, scope="deepspeed"),
+    Rule("native_moe_needs_zero_le_2", native_moe_zero3, scope="deepspeed"),
+    Rule("expert_parallel_needs_zero_at_fp32", ep_clip_at_zero0, scope="deepspeed"),
     Rule("tp_sequence_parallel_needs_megatron", _tp_sp_needs_megatron, scope="deepspeed"),
     Rule("hf_attention_is_the_runtime", _hf_attention_is_the_runtime, scope="deepspeed"),
     Rule("megatron_core_runtime_only", _megatron_core_only, scope="runs"),

@@ -46,7 +46,13 @@ def export(
     elif any((ckpt_dir / tag).glob("*zero_pp_rank_*optim_states.pt")):  # ZeRO-1/2/3: partitioned fp32 masters
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)
+        try:
+            state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)
+        except NotImplementedError as exc:  # DeepSpeed 0.19.8: AutoEP's ZeRO-3 partitions cannot be merged
+            raise UserError(
+                f"--checkpoint: {ckpt_dir / tag}: DeepSpeed cannot consolidate it ({str(exc).split('.')[0]}); "
+                "export from a run at ZeRO-1/2, or with --ep 1"
+            ) from None
     else:
         state = torch.load(
             ckpt_dir / tag / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False
