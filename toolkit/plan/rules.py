@@ -32,7 +32,7 @@ from toolkit.plan.sequence_parallel import (
     sp_divides,
     sp_divides_accumulation,
 )
-from toolkit.plan.specs import ClusterSpec, ModelSpec
+from toolkit.plan.specs import LOW_PRECISION_GEMMS, ClusterSpec, ModelSpec
 
 Check = Callable[[ModelSpec, ClusterSpec, LayoutRequest, int], "str | None"]
 
@@ -102,8 +102,8 @@ def _nvme_present(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> st
 
 
 def _precision_supported(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
-    if r.precision and r.precision != "fp8" and not c.supports(r.precision):
-        valid = [p for p in ("bf16", "fp16", "fp32", "fp8") if c.supports(p)]
+    if r.precision and r.precision not in LOW_PRECISION_GEMMS and not c.supports(r.precision):
+        valid = [p for p in ("bf16", "fp16", "fp32", *LOW_PRECISION_GEMMS) if c.supports(p)]
         return (
             f"--precision: {r.precision} is not supported on {c.accelerator} accelerators of cluster {c.name}; "
             f"valid: {', '.join(valid)}"
@@ -320,6 +320,7 @@ RULES: tuple[Rule, ...] = (
     Rule("offload_activations_needs_full_recompute", offload_activations_needs_full),
     Rule("precision_supported", _precision_supported),
     Rule("fp8_needs_hopper_or_ada", fp8_support.needs_fp8_tensor_cores),
+    Rule("mxfp8_nvfp4_need_their_tensor_cores", fp8_support.needs_block_scaled_tensor_cores),
     Rule("onebit_needs_zero0", _onebit_needs_zero0),
     Rule("ep_needs_moe", _ep_needs_moe),
     Rule("ep_divides_experts_and_dp", _ep_divides),
@@ -348,6 +349,16 @@ RULES: tuple[Rule, ...] = (
     Rule("lora_is_data_parallel", _lora_data_parallel, scope="deepspeed"),
     Rule("fp8_converts_hf_linear_layers", _cluster_free(fp8_support.torchao_converts), scope="deepspeed"),
     Rule("fp8_fits_transformer_engine_layer", _cluster_free(fp8_support.te_layer_builds), scope="megatron"),
+    Rule(
+        "mxfp8_nvfp4_not_in_dstk_train",
+        _cluster_free(fp8_support.block_scaled_not_in_dstk_train),
+        scope="deepspeed",
+    ),
+    Rule(
+        "mxfp8_nvfp4_not_in_megatron_deepspeed",
+        _cluster_free(fp8_support.block_scaled_not_in_megatron_deepspeed),
+        scope="megatron",
+    ),
     Rule("sp_supports_architecture", _cluster_free(sp_architecture), scope="deepspeed"),
     Rule("sp_is_dense_data_parallel", _cluster_free(sp_dense_data_parallel), scope="deepspeed"),
     Rule("sp_divides_accumulation", _cluster_free(sp_divides_accumulation), scope="deepspeed"),
