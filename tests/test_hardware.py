@@ -312,7 +312,7 @@ def test_gpu_figures_have_one_source(tmp_path) -> None:
         cluster = load_description(name).model_dump()
         for field, value in cluster_gpu_fields(raw["gpu"], gpu_table()[raw["gpu"]]).items():
             assert cluster[field] == value, (name, field)
-    assert named == 6
+    assert named == 14
     clash = tmp_path / "mine.yaml"
     clash.write_text("name: mine\ngpu: h100-sxm5-80gb\ngpus_per_node: 8\ngpu_peak_tflops: 989\n")
     with pytest.raises(UserError, match=r"gpu_peak_tflops: given beside gpu: h100-sxm5-80gb"):
