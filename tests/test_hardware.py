@@ -400,3 +400,30 @@ def test_gpu_figures_have_one_source(tmp_path) -> None:
     clash.write_text("name: mine\ngpu: h100\ngpus_per_node: 8\n")
     with pytest.raises(UserError, match=r"gpu: 'h100' is not in presets/gpus.yaml"):
         load_description(str(clash))
+
+
+def test_the_hardware_of_2026_is_in_dstk_presets() -> None:
+    """The Blackwell, H800 and AMD Instinct presets load, name their GPU and are listed; an NVL72 rack shows
+    its NVLink domain beside the 4 GPUs of a tray."""
+    from tests.cli import dstk
+
+    new = {
+        "dgx-b200": "b200",
+        "dgx-b300": "b300",
+        "gb200-nvl72": "gb200",
+        "gb300-nvl72": "gb300",
+        "hgx-h800": "h800-sxm5-80gb",
+        "mi300x-8": "mi300x",
+        "mi325x-8": "mi325x",
+        "mi355x-8": "mi355x",
+    }
+    rows = {r["name"]: r for r in json.loads(dstk("presets", "--json").out)["clusters"]}
+    from toolkit.plan.presets import PRESET_DIR
+
+    for name, gpu in new.items():
+        assert yaml.safe_load((PRESET_DIR / "clusters" / f"{name}.yaml").read_text())["gpu"] == gpu
+        assert rows[name]["accelerator"] == "cuda"  # DeepSpeed on ROCm too
+    assert (rows["gb200-nvl72"]["nodes"], rows["gb200-nvl72"]["gpus_per_node"]) == (18, 4)
+    assert rows["gb200-nvl72"]["nvlink_domain_gpus"] == rows["gb300-nvl72"]["nvlink_domain_gpus"] == 72
+    table = dstk("presets").out
+    assert any(line.startswith("gb200-nvl72 ") and " 4 (72) " in line for line in table.splitlines())
