@@ -111,7 +111,7 @@ def test_xgmi_full_mesh_gives_a_group_one_link_per_peer() -> None:
     ("fields", "message"),
     [
         ({"nvlink_domain_gpus": 70}, "not a whole number of nodes"),
-        ({"nvlink_domain_gpus": 16, "intra_node_topology": "full_mesh"}, "a full_mesh node"),
+        ({"nvlink_domain_gpus": 16, "intra_node_topology": "full_mesh"}, "a full_mesh \\(xGMI\\) node"),
     ],
 )
 def test_nvlink_domains_are_whole_nodes(fields, message) -> None:

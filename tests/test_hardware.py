@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from toolkit.host.detect import parse_amd_smi, parse_cpuinfo, parse_nvidia_smi
+from toolkit.host.amd_smi import parse_amd_smi
+from toolkit.host.detect import parse_cpuinfo, parse_nvidia_smi
 from toolkit.host.local import detect
 from toolkit.plan.layout import LayoutRequest, default_precision, precision_reason
 from toolkit.plan.presets import match_gpu

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from toolkit.host.amd_smi import parse_amd_smi, run_amd_smi
 from toolkit.host.calibration_cache import calibration_path, fingerprint, package_versions
 from toolkit.host.detect import (
     EMULATED_BF16_SLOWDOWN,
@@ -26,11 +27,9 @@ from toolkit.host.detect import (
     meminfo_gib,
     numa_nodes,
     onednn_isa_cap,
-    parse_amd_smi,
     parse_cpuinfo,
     parse_nvidia_smi,
     read_text,
-    run_amd_smi,
     run_nvidia_smi,
     visible_gpus,
 )

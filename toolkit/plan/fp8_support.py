@@ -61,7 +61,7 @@ def block_scaled_problem(c: ClusterSpec, precision: str) -> str | None:
     name = BLOCK_SCALED_NAMES[precision]
     if c.accelerator != "cuda":
         has = f"is {c.accelerator}, not a GPU"
-    elif c.low_precision_peak_tflops(precision) is not None:
+    elif getattr(c, f"gpu_{precision}_peak_tflops") is not None:
         has = "has no bf16 for what stays out of it"
     else:
         has = f"has no {name} tensor cores"
@@ -77,28 +77,18 @@ def needs_block_scaled_tensor_cores(m: ModelSpec, c: ClusterSpec, r: LayoutReque
     return block_scaled_problem(c, r.precision)
 
 
-def block_scaled_not_in_dstk_train(m: ModelSpec, r: LayoutRequest, dp: int) -> str | None:
-    """dstk train's low precision is torchao.float8's tensorwise scaling (toolkit/run/fp8.py); MXFP8 and NVFP4
-    are priced as Transformer Engine's recipes run them, which dstk train does not build."""
+def estimate_only(m: ModelSpec, r: LayoutRequest, dp: int) -> str | None:
+    """MXFP8 and NVFP4 are priced as Transformer Engine's recipes run them (Megatron-Core's `--fp8-recipe
+    mxfp8`, `--fp4-recipe nvfp4`), which neither runtime dstk configures builds: dstk train's low precision is
+    torchao.float8's tensorwise scaling (toolkit/run/fp8.py), and Megatron-DeepSpeed's is TE's DelayedScaling,
+    built for transformer-engine < 2.0, with no recipe flag in its parser — only --fp8-e4m3/--fp8-hybrid and
+    the amax settings (tests/data/megatron_deepspeed_flags.txt, from megatron/arguments.py @ f1feb88)."""
     if r.precision not in BLOCK_SCALED_NAMES:
         return None
     return (
-        f"--precision {r.precision}: Transformer Engine's {BLOCK_SCALED_NAMES[r.precision]} recipe, which dstk "
-        "train (torchao.float8, tensorwise) does not run; price it with dstk estimate, or train in fp8"
-    )
-
-
-def block_scaled_not_in_megatron_deepspeed(m: ModelSpec, r: LayoutRequest, dp: int) -> str | None:
-    """Megatron-DeepSpeed's fp8 is Transformer Engine's DelayedScaling, built for transformer-engine < 2.0, and
-    its parser has no recipe flag: only --fp8-e4m3/--fp8-hybrid and the amax settings
-    (tests/data/megatron_deepspeed_flags.txt, from megatron/arguments.py @ f1feb88); Megatron-LM's
-    `--fp8-recipe mxfp8` and `--fp4-recipe nvfp4` are Megatron-Core's, not this target's."""
-    if r.precision not in BLOCK_SCALED_NAMES:
-        return None
-    return (
-        f"--precision {r.precision}: Megatron-DeepSpeed has no {BLOCK_SCALED_NAMES[r.precision]} recipe (its "
-        "Transformer Engine path is DelayedScaling, with no --fp8-recipe/--fp4-recipe); price it with dstk "
-        "estimate, or use --precision fp8"
+        f"--precision {r.precision}: Transformer Engine's {BLOCK_SCALED_NAMES[r.precision]} recipe, which neither "
+        "dstk train (torchao.float8, tensorwise) nor Megatron-DeepSpeed (no --fp8-recipe/--fp4-recipe) runs; "
+        "price it with dstk estimate, or train in fp8"
     )
 
 
@@ -168,19 +158,16 @@ def block_scaled_refusal(c: ClusterSpec, precision: str, scopes: tuple[str, ...]
     if precision not in BLOCK_SCALED_NAMES:
         return None
     request = LayoutRequest(precision=precision)  # type: ignore[arg-type]
-    runtime = {
-        "deepspeed": block_scaled_not_in_dstk_train,
-        "megatron": block_scaled_not_in_megatron_deepspeed,
-    }
     found = [block_scaled_problem(c, precision)]
-    found += [check(None, request, 1) for scope, check in runtime.items() if scope in scopes]  # type: ignore[arg-type]
+    if "runs" in scopes:
+        found.append(estimate_only(None, request, 1))  # type: ignore[arg-type]
     return "; ".join(p for p in found if p) or None
 
 
 def run_problems(model: ModelSpec, cluster: ClusterSpec | None, request: LayoutRequest) -> list[str]:
     """What stands between an fp8 layout and dstk train (toolkit/run/preflight.py): the hardware when the
     cluster is known, and what torchao's conversion covers."""
-    found = [torchao_converts(model, request, 1), block_scaled_not_in_dstk_train(model, request, 1)]
+    found = [torchao_converts(model, request, 1), estimate_only(model, request, 1)]
     if cluster is not None:
         found.insert(0, needs_fp8_tensor_cores(model, cluster, request, 1))
         found.insert(1, needs_block_scaled_tensor_cores(model, cluster, request, 1))

@@ -103,11 +103,9 @@ def _nvme_present(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> st
 
 def _precision_supported(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
     if r.precision and r.precision not in LOW_PRECISION_GEMMS and not c.supports(r.precision):
-        valid = [p for p in ("bf16", "fp16", "fp32", *LOW_PRECISION_GEMMS) if c.supports(p)]
-        return (
-            f"--precision: {r.precision} is not supported on {c.accelerator} accelerators of cluster {c.name}; "
-            f"valid: {', '.join(valid)}"
-        )
+        valid = ", ".join(p for p in ("bf16", "fp16", "fp32", *LOW_PRECISION_GEMMS) if c.supports(p))
+        where = f"{c.accelerator} accelerators of cluster {c.name}"
+        return f"--precision: {r.precision} is not supported on {where}; valid: {valid}"
     return None
 
 
@@ -336,6 +334,7 @@ RULES: tuple[Rule, ...] = (
     Rule("tp_sequence_parallel_needs_megatron", _tp_sp_needs_megatron, scope="deepspeed"),
     Rule("hf_attention_is_the_runtime", _hf_attention_is_the_runtime, scope="deepspeed"),
     Rule("megatron_core_runtime_only", _megatron_core_only, scope="runs"),
+    Rule("mxfp8_nvfp4_are_estimate_only", _cluster_free(fp8_support.estimate_only), scope="runs"),
     Rule("fsdp_shards_as_zero2_or_3", _fsdp_shards_as_zero),
     Rule("pytorch_fsdp_runtime_only", _pytorch_fsdp_only, scope="runs"),
     Rule("backward_prefetch_needs_fsdp", _backward_prefetch_needs_fsdp),
@@ -349,16 +348,6 @@ RULES: tuple[Rule, ...] = (
     Rule("lora_is_data_parallel", _lora_data_parallel, scope="deepspeed"),
     Rule("fp8_converts_hf_linear_layers", _cluster_free(fp8_support.torchao_converts), scope="deepspeed"),
     Rule("fp8_fits_transformer_engine_layer", _cluster_free(fp8_support.te_layer_builds), scope="megatron"),
-    Rule(
-        "mxfp8_nvfp4_not_in_dstk_train",
-        _cluster_free(fp8_support.block_scaled_not_in_dstk_train),
-        scope="deepspeed",
-    ),
-    Rule(
-        "mxfp8_nvfp4_not_in_megatron_deepspeed",
-        _cluster_free(fp8_support.block_scaled_not_in_megatron_deepspeed),
-        scope="megatron",
-    ),
     Rule("sp_supports_architecture", _cluster_free(sp_architecture), scope="deepspeed"),
     Rule("sp_is_dense_data_parallel", _cluster_free(sp_dense_data_parallel), scope="deepspeed"),
     Rule("sp_divides_accumulation", _cluster_free(sp_divides_accumulation), scope="deepspeed"),

@@ -28,12 +28,9 @@ Activation = Literal[tuple(ACTIVATIONS)]  # type: ignore[valid-type]
 Accelerator = Literal["cuda", "cpu", "xpu", "hpu", "npu", "mps"]
 Precision = Literal["bf16", "fp16", "fp32", "fp8", "mxfp8", "nvfp4"]
 """Training precision. `fp8` is bf16 training whose linear layers run their GEMMs in FP8 (Transformer Engine,
-torchao.float8): weights, gradients, optimizer states and activations stay bf16 (toolkit/plan/cost/fp8.py).
-`mxfp8` and `nvfp4` are the same with Transformer Engine's block-scaled recipes (MXFP8BlockScaling: E4M3 with
-an E8M0 scale per 32 values; NVFP4BlockScaling: E2M1 with an E4M3 scale per 16 values and an FP32 one per
-tensor), on GPUs whose tensor cores run those formats (Blackwell; MXFP8 also AMD CDNA4)."""
+torchao.float8): weights, gradients, optimizer states and activations stay bf16 (toolkit/plan/cost/fp8.py);
+`mxfp8` and `nvfp4` with Transformer Engine's block-scaled recipes of those names."""
 LOW_PRECISION_GEMMS: tuple[str, ...] = ("fp8", "mxfp8", "nvfp4")
-"""The precisions that train in bf16 with the linear layers' GEMMs in a narrower format."""
 
 _STRICT = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
@@ -275,19 +272,13 @@ class ClusterSpec(BaseModel):
     80.3 % of 989 on H100 SXM, 73.4 % on H200 (stas00/ml-engineering, "Maximum Achievable Matmul FLOPS") —
     so the H100/H200 presets scale their bf16 efficiency by that ratio."""
     gpu_mxfp8_peak_tflops: float | None = Field(default=None, gt=0)
-    """Dense MXFP8 tensor-core peak per accelerator, TFLOP/s (OCP MXFP8: E4M3/E5M2 with an E8M0 scale per 32
-    values; presets/gpus.yaml's `mxfp8_tflops`). None: no block-scaled FP8 tensor cores (Hopper and older,
-    AMD CDNA3), so no `--precision mxfp8`."""
+    """Dense MXFP8 peak, TFLOP/s (gpus.yaml `mxfp8_tflops`); None: no MXFP8 tensor cores (Hopper, CDNA3)."""
     gpu_mxfp8_matmul_efficiency: float | None = Field(default=None, gt=0, le=1)
-    """Sustained fraction of the MXFP8 peak that training-sized MXFP8 GEMM kernels reach, quantization not
-    included (the cost model prices the casts apart; default: the FP8 efficiency)."""
+    """Sustained share of the MXFP8 peak its GEMM kernels reach, casts excluded (default: the FP8 one)."""
     gpu_nvfp4_peak_tflops: float | None = Field(default=None, gt=0)
-    """Dense NVFP4 tensor-core peak per accelerator, TFLOP/s (E2M1 with an E4M3 scale per 16 values and an FP32
-    one per tensor; presets/gpus.yaml's `nvfp4_tflops`). None: no NVFP4 tensor cores (everything but
-    Blackwell), so no `--precision nvfp4`."""
+    """Dense NVFP4 peak, TFLOP/s (gpus.yaml `nvfp4_tflops`); None: no NVFP4 tensor cores (all but Blackwell)."""
     gpu_nvfp4_matmul_efficiency: float | None = Field(default=None, gt=0, le=1)
-    """Sustained fraction of the NVFP4 peak that training-sized NVFP4 GEMM kernels reach, quantization not
-    included (default: gpu_matmul_efficiency)."""
+    """Sustained share of the NVFP4 peak its GEMM kernels reach, casts excluded (default: gpu_matmul_efficiency)."""
     supports_bf16: bool = True
     """bf16 arithmetic is available (false on V100-class GPUs)."""
     supports_fp16: bool | None = None
@@ -316,17 +307,11 @@ class ClusterSpec(BaseModel):
     differ — gloo on CPU runs all-gather and reduce-scatter at a third of its all-reduce; `dstk calibrate`
     measures it. Unset (NCCL, whose rings give every collective the same bus bandwidth): intra_node_gb_per_s."""
     nvlink_domain_gpus: int | None = Field(default=None, gt=0)
-    """GPUs one NVLink fabric joins, a whole number of nodes (default: one node, gpus_per_node). GB200/GB300
-    NVL72: 72 GPUs across 18 compute trays of 4, which the OS and Slurm see as nodes. A collective whose group
-    stays inside the domain runs at intra_node_gb_per_s / collective_bus_gb_per_s over NVLink — NCCL reaches
-    the other trays through the same P2P transport as the GPUs of one node (NVIDIA/nccl issue #1159) — and
-    only one that spans domains crosses the network (inter_node_gb_per_s)."""
+    """GPUs one NVLink fabric joins, whole nodes (default: a node). NVL72: 72 across 18 trays of 4; a group
+    inside the domain runs at the intra-node figures, only one spanning domains crosses the network (comm.py)."""
     intra_node_topology: Literal["switch", "full_mesh"] = "switch"
-    """How the GPUs of a node are joined: `switch` (NVSwitch: any group gets the full per-GPU bandwidth) or
-    `full_mesh` (AMD Instinct's xGMI: one link per pair of the 8 OAMs, no switch), where a group of g GPUs of
-    the node drives only g−1 of each GPU's gpus_per_node−1 links, so it gets (g−1)/(gpus_per_node−1) of the
-    8-GPU figures (all-reduce bus bandwidth on 2 MI300X 47.7 GB/s against 312.9 on 8; stas00/ml-engineering
-    network/README.md @744d01e)."""
+    """`switch` (NVSwitch) or `full_mesh` (AMD xGMI: one link per pair of GPUs, so a group of g GPUs of a node
+    gets (g−1)/(gpus_per_node−1) of its bandwidth; toolkit/plan/cost/comm.py)."""
     collective_latency_us: float = Field(default=10, ge=0)
     """Host cost of issuing one collective call, microseconds, beyond the latency of the algorithm NCCL runs
     (toolkit.plan.cost.comm); on the CPU accelerator the whole per-call cost of gloo, as calibrated."""
@@ -389,15 +374,10 @@ class ClusterSpec(BaseModel):
     def _check_hosts(self) -> ClusterSpec:
         if self.hostnames is not None and len(self.hostnames) != self.nodes:
             raise ValueError(f"hostnames: {len(self.hostnames)} names given for nodes({self.nodes})")
-        domain = self.nvlink_domain_gpus
-        if domain is not None and domain % self.gpus_per_node:
-            raise ValueError(
-                f"nvlink_domain_gpus: {domain} is not a whole number of nodes of gpus_per_node({self.gpus_per_node})"
-            )
-        if domain not in (None, self.gpus_per_node) and self.intra_node_topology == "full_mesh":
-            raise ValueError(
-                "nvlink_domain_gpus: a full_mesh node (xGMI) is its own domain; drop one of them"
-            )
+        if self.nvlink_domain % self.gpus_per_node:
+            raise ValueError(f"nvlink_domain_gpus: {self.nvlink_domain} is not a whole number of nodes")
+        if self.nvlink_domain != self.gpus_per_node and self.intra_node_topology == "full_mesh":
+            raise ValueError("nvlink_domain_gpus: a full_mesh (xGMI) node is its own NVLink domain")
         return self
 
     @property
@@ -409,22 +389,11 @@ class ClusterSpec(BaseModel):
         """GPUs one NVLink fabric joins: nvlink_domain_gpus, else one node."""
         return self.nvlink_domain_gpus or self.gpus_per_node
 
-    def low_precision_peak_tflops(self, precision: str) -> float | None:
-        """The dense peak of the fp8, mxfp8 or nvfp4 tensor cores, TFLOP/s; None where the GPU has none."""
-        return {
-            "fp8": self.gpu_fp8_peak_tflops,
-            "mxfp8": self.gpu_mxfp8_peak_tflops,
-            "nvfp4": self.gpu_nvfp4_peak_tflops,
-        }[precision]
-
     def peak_flops(self, precision: Precision) -> float:
-        """Peak FLOP/s per accelerator at the training precision; fp8, mxfp8 and nvfp4: of the linear layers'
-        GEMMs in that format, MFU's denominator as in NVIDIA's published tables, which state each run's MFU
-        against the peak of its data type (NVIDIA/dgxc-benchmarking README, "Peak Theoretical Throughput":
-        BF16, FP8 and NVFP4 columns)."""
+        """Peak FLOP/s per accelerator at the training precision (fp8, mxfp8, nvfp4: of the linear GEMMs in that
+        format, MFU's denominator as NVIDIA's MFU tables take each data type's peak; dgxc-benchmarking README)."""
         if precision in LOW_PRECISION_GEMMS:
-            tflops = self.low_precision_peak_tflops(precision)
-            if tflops is None:
+            if (tflops := getattr(self, f"gpu_{precision}_peak_tflops")) is None:
                 raise ValueError(f"cluster {self.name} has no {precision} peak (gpu_{precision}_peak_tflops)")
             return tflops * 1e12
         tflops = self.gpu_fp32_peak_tflops if precision == "fp32" else self.gpu_peak_tflops
@@ -435,19 +404,15 @@ class ClusterSpec(BaseModel):
         return self.gpu_fp8_matmul_efficiency or self.gpu_matmul_efficiency
 
     def low_precision_matmul_efficiency(self, precision: str) -> float:
-        """The sustained fraction of the peak the linear GEMMs reach in fp8, mxfp8 (default: fp8's) or nvfp4
-        (default: gpu_matmul_efficiency)."""
-        if precision == "mxfp8":
-            return self.gpu_mxfp8_matmul_efficiency or self.fp8_matmul_efficiency()
-        if precision == "nvfp4":
-            return self.gpu_nvfp4_matmul_efficiency or self.gpu_matmul_efficiency
-        return self.fp8_matmul_efficiency()
+        """The sustained share of the fp8, mxfp8 (default: fp8's) or nvfp4 (default: bf16's) peak."""
+        own = {"mxfp8": self.gpu_mxfp8_matmul_efficiency, "nvfp4": self.gpu_nvfp4_matmul_efficiency}
+        fallback = self.gpu_matmul_efficiency if precision == "nvfp4" else self.fp8_matmul_efficiency()
+        return own.get(precision) or fallback
 
     def supports(self, precision: Precision) -> bool:
-        """Whether the accelerator trains in `precision`; fp8, mxfp8 and nvfp4 need tensor cores of that format
-        on CUDA (ROCm's torch is CUDA to DeepSpeed) and bf16 beside them (everything but the linear layers'
-        GEMMs stays bf16)."""
+        """Whether the accelerator trains in `precision`; fp8, mxfp8, nvfp4 need that format's tensor cores on
+        CUDA (ROCm too) and bf16 beside them (everything but the linear layers' GEMMs stays bf16)."""
         if precision in LOW_PRECISION_GEMMS:
-            has = self.low_precision_peak_tflops(precision) is not None
+            has = getattr(self, f"gpu_{precision}_peak_tflops") is not None
             return self.accelerator == "cuda" and has and self.supports_bf16
         return {"bf16": self.supports_bf16, "fp16": bool(self.supports_fp16), "fp32": True}[precision]
