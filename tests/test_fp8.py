@@ -41,7 +41,7 @@ def _est(model, cluster, scopes=("layout",), **layout):
 # ----------------------------------------------------------------------------------------- the hardware
 
 
-def test_gpus_with_fp8_tensor_cores_are_ada_and_hopper() -> None:
+def test_gpus_with_fp8_tensor_cores_are_ada_hopper_blackwell_and_instinct() -> None:
     fp8 = {k for k, e in gpu_table().items() if e["fp8_tflops"] is not None}
     assert fp8 == {
         "h100-nvl",
@@ -52,8 +52,17 @@ def test_gpus_with_fp8_tensor_cores_are_ada_and_hopper() -> None:
         "l40s",
         "l4",
         "rtx-4090",
+        "h800-sxm5-80gb",
+        "b200",
+        "b300",
+        "gb200",
+        "gb300",
+        "mi300x",
+        "mi325x",
+        "mi355x",
+        "mi350x",
     }
-    for key, e in gpu_table().items():  # Hopper and the datacenter Ada cards: FP8 runs at twice BF16
+    for key, e in gpu_table().items():  # Hopper, Blackwell, Instinct, datacenter Ada: FP8 runs at twice BF16
         if key != "rtx-4090" and e["fp8_tflops"] is not None:
             assert e["fp8_tflops"] == pytest.approx(2 * e["bf16_tflops"], rel=0.013)  # L40S: 733 / 362.05
 

@@ -1,5 +1,6 @@
 """`--cluster local` detection from recorded real outputs (tests/data/hardware, sources in SOURCES.md):
-nvidia-smi of A100/H100/H200/V100/T4 and other nodes, /proc/cpuinfo with and without native bf16. Each gives
+nvidia-smi of A100/H100/H200/V100/T4/B200/B300/GB200 and other nodes, rocm-smi/rocminfo/amd-smi of AMD
+Instinct nodes, /proc/cpuinfo with and without native bf16. Each gives
 the right peaks, memory, bf16 support and rank count; the precision the planner then picks follows the
 hardware; an unknown GPU is named with the fields that are unknown; a cached calibration wins."""
 
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from toolkit.host.amd_smi import parse_amd_smi
 from toolkit.host.detect import parse_cpuinfo, parse_nvidia_smi
 from toolkit.host.local import detect
 from toolkit.plan.layout import LayoutRequest, default_precision, precision_reason
@@ -43,10 +45,14 @@ GPUS = [
     ("nvidia-smi_a10_x1.txt", 1, "a10", 22.3, 125, True, "bf16"),
     ("nvidia-smi_rtx4090_x8.txt", 8, "rtx-4090", 23.7, 165.2, True, "bf16"),
     ("nvidia-smi_rtx-a6000_x9.txt", 9, "rtx-a6000", 44.5, 154.8, True, "bf16"),
+    ("nvidia-smi_b200_x8.txt", 8, "b200", 177.3, 2250, True, "bf16"),
+    ("nvidia-smi_b200_r610_excerpt_x2.txt", 2, "b200", 177.3, 2250, True, "bf16"),
+    ("nvidia-smi_b300_excerpt_x1.txt", 1, "b300", 265.9, 2250, True, "bf16"),
+    ("nvidia-smi_gb200_x4.txt", 4, "gb200", 183.2, 2500, True, "bf16"),
 ]
 
 
-@pytest.mark.parametrize("name,count,key,mem,peak,bf16,precision", GPUS, ids=[g[2] for g in GPUS])
+@pytest.mark.parametrize("name,count,key,mem,peak,bf16,precision", GPUS, ids=[g[0] for g in GPUS])
 def test_recorded_nvidia_smi_gives_the_node(name, count, key, mem, peak, bf16, precision) -> None:
     text = (DATA / name).read_text()
     gpus = parse_nvidia_smi(text)
@@ -87,9 +93,84 @@ def test_unknown_gpu_is_a_warning_naming_what_is_unknown() -> None:
     assert det.cluster["gpus_per_node"] == 1 and det.cluster["gpu_memory_gib"] == pytest.approx(44.5, abs=0.1)
 
 
-@pytest.mark.parametrize("name", ["NVIDIA L40", "NVIDIA A10G", "NVIDIA GH200 480GB"])
+@pytest.mark.parametrize(
+    "name", ["NVIDIA L40", "NVIDIA A10G", "NVIDIA GH200 480GB", "NVIDIA H800 PCIe", "AMD Instinct MI308X"]
+)
 def test_gpu_names_match_whole_words(name) -> None:
     assert match_gpu(name) is None
+
+
+@pytest.mark.parametrize(
+    "name,key",
+    [
+        ("NVIDIA GB200", "gb200"),  # "B200" is inside "GB200": whole words at both ends
+        ("NVIDIA B200", "b200"),
+        ("NVIDIA GB300", "gb300"),
+        ("NVIDIA B300 SXM6 AC", "b300"),
+        ("NVIDIA H800", "h800-sxm5-80gb"),
+        ("AMD Instinct Mi325X VF", "mi325x"),  # amd-smi's spelling for the SR-IOV function
+        ("MI300X-O", "mi300x"),
+    ],
+)
+def test_the_gpus_of_2026_match_their_own_entry(name, key) -> None:
+    assert match_gpu(name)[0] == key
+
+
+def test_driver_r610_header_still_gives_the_driver() -> None:
+    """From R610 the table's header says "KMD Version" (and "CUDA UMD Version") where it said "Driver Version"."""
+    r610 = parse_nvidia_smi((DATA / "nvidia-smi_b200_r610_excerpt_x2.txt").read_text())
+    older = parse_nvidia_smi((DATA / "nvidia-smi_b200_x8.txt").read_text())
+    assert [g.driver for g in r610] == ["610.43.02"] * 2 and older[0].driver == "580.95.05"
+    assert (
+        _detect((DATA / "nvidia-smi_b200_r610_excerpt_x2.txt").read_text()).hardware["driver"] == "610.43.02"
+    )
+
+
+def test_blackwell_nodes_detect_mxfp8_and_nvfp4_and_hopper_neither() -> None:
+    b200 = ClusterSpec.model_validate(_detect((DATA / "nvidia-smi_b200_x8.txt").read_text()).cluster)
+    h100 = ClusterSpec.model_validate(
+        _detect((DATA / "nvidia-smi_h100-sxm5-80gb_x8.txt").read_text()).cluster
+    )
+    assert (b200.gpu_mxfp8_peak_tflops, b200.gpu_nvfp4_peak_tflops) == (4500, 9000)
+    assert b200.supports("mxfp8") and b200.supports("nvfp4")
+    assert not h100.supports("mxfp8") and not h100.supports("nvfp4") and h100.supports("fp8")
+    assert b200.intra_node_gb_per_s == pytest.approx(0.78 * 900) and b200.intra_node_topology == "switch"
+
+
+# AMD file, GPUs, table entry, memory GiB (99 % of what the tool reports; the table's usable memory where it
+# reports none), driver
+AMD = [
+    ("rocm-smi_mi300x_x1.txt", 1, "mi300x", 191.5, None),
+    ("rocm-smi_mi300x_x4.txt", 4, "mi300x", 191.5, None),
+    ("rocm-smi-a_mi300x_x4.txt", 4, "mi300x", 191.5, "6.7.0"),
+    ("rocm-smi-i_mi300x_x1.txt", 1, "mi300x", 191.5, None),
+    ("rocminfo_mi300x_x4.txt", 4, "mi300x", 190.1, None),
+    ("amd-smi-static_mi300x_truncated.txt", 1, "mi300x", 191.5, None),
+    ("amd-smi-static_mi350x_excerpt.txt", 1, "mi350x", 287.5, "6.18.3"),
+]
+
+
+@pytest.mark.parametrize("name,count,key,mem,driver", AMD, ids=[a[0] for a in AMD])
+def test_recorded_amd_tools_give_the_node(name, count, key, mem, driver) -> None:
+    """rocm-smi (its concise table, -i, -a), rocminfo and amd-smi name AMD Instinct GPUs in their own ways
+    (`MI300X-O` on some firmware); each is the table's entry, trained as DeepSpeed's "cuda" accelerator on an
+    xGMI mesh."""
+    text = (DATA / name).read_text()
+    gpus = parse_amd_smi(text)
+    assert len(gpus) == count and match_gpu(gpus[0].name)[0] == key and gpus[0].driver == driver
+    det = detect(
+        nvidia_smi="", amd_smi=text, cpuinfo=AVX2_HOST, meminfo=MEMINFO, use_cache=False, versions={}
+    )
+    spec = ClusterSpec.model_validate(det.cluster)
+    entry = match_gpu(gpus[0].name)[1]
+    assert spec.accelerator == "cuda" and spec.gpus_per_node == count and not det.warnings
+    assert spec.gpu_memory_gib == pytest.approx(mem, abs=0.05)
+    assert spec.gpu_peak_tflops == entry["bf16_tflops"] and spec.gpu_sm_count == entry["sm_count"]
+    assert spec.intra_node_topology == "full_mesh"  # RCCL's ring share of the 7 xGMI links
+    assert spec.intra_node_gb_per_s == pytest.approx(0.7 * entry["nvlink_gb_per_s"], abs=0.05)
+    assert default_precision(spec) == "bf16" and spec.supports("fp8") and not spec.supports("nvfp4")
+    assert spec.supports("mxfp8") is (key == "mi350x")  # CDNA4 has OCP MXFP8, CDNA3 does not
+    assert det.sources["accelerator"].startswith(gpus[0].tool)
 
 
 CPUS = [
@@ -312,7 +393,7 @@ def test_gpu_figures_have_one_source(tmp_path) -> None:
         cluster = load_description(name).model_dump()
         for field, value in cluster_gpu_fields(raw["gpu"], gpu_table()[raw["gpu"]]).items():
             assert cluster[field] == value, (name, field)
-    assert named == 6
+    assert named == 14
     clash = tmp_path / "mine.yaml"
     clash.write_text("name: mine\ngpu: h100-sxm5-80gb\ngpus_per_node: 8\ngpu_peak_tflops: 989\n")
     with pytest.raises(UserError, match=r"gpu_peak_tflops: given beside gpu: h100-sxm5-80gb"):
@@ -320,3 +401,30 @@ def test_gpu_figures_have_one_source(tmp_path) -> None:
     clash.write_text("name: mine\ngpu: h100\ngpus_per_node: 8\n")
     with pytest.raises(UserError, match=r"gpu: 'h100' is not in presets/gpus.yaml"):
         load_description(str(clash))
+
+
+def test_the_hardware_of_2026_is_in_dstk_presets() -> None:
+    """The Blackwell, H800 and AMD Instinct presets load, name their GPU and are listed; an NVL72 rack shows
+    its NVLink domain beside the 4 GPUs of a tray."""
+    from tests.cli import dstk
+
+    new = {
+        "dgx-b200": "b200",
+        "dgx-b300": "b300",
+        "gb200-nvl72": "gb200",
+        "gb300-nvl72": "gb300",
+        "hgx-h800": "h800-sxm5-80gb",
+        "mi300x-8": "mi300x",
+        "mi325x-8": "mi325x",
+        "mi355x-8": "mi355x",
+    }
+    rows = {r["name"]: r for r in json.loads(dstk("presets", "--json").out)["clusters"]}
+    from toolkit.plan.presets import PRESET_DIR
+
+    for name, gpu in new.items():
+        assert yaml.safe_load((PRESET_DIR / "clusters" / f"{name}.yaml").read_text())["gpu"] == gpu
+        assert rows[name]["accelerator"] == "cuda"  # DeepSpeed on ROCm too
+    assert (rows["gb200-nvl72"]["nodes"], rows["gb200-nvl72"]["gpus_per_node"]) == (18, 4)
+    assert rows["gb200-nvl72"]["nvlink_domain_gpus"] == rows["gb300-nvl72"]["nvlink_domain_gpus"] == 72
+    table = dstk("presets").out
+    assert any(line.startswith("gb200-nvl72 ") and " 4 (72) " in line for line in table.splitlines())

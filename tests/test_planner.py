@@ -229,6 +229,23 @@ RULE_CASES = [
     ("lora_targets_exist", "gpt2", "dgx-a100-80g", {}, dict(lora="r=8,targets=q_proj"), r"valid: c_attn"),
     ("lora_is_data_parallel", "llama-7b", "dgx-a100-80g", {}, dict(lora="r=8", tp=2), r"data parallelism"),
     (
+        "mxfp8_nvfp4_need_their_tensor_cores",
+        "llama-7b",
+        "dgx-h100",
+        {},
+        dict(precision="mxfp8"),
+        r"^--precision mxfp8: MXFP8 GEMMs need MXFP8 tensor cores, and cluster dgx-h100 has no MXFP8 tensor "
+        r"cores; GPUs with MXFP8: b200, b300, gb200, gb300, mi355x, mi350x",
+    ),
+    (
+        "mxfp8_nvfp4_are_estimate_only",
+        "llama-7b",
+        "dgx-b200",
+        {},
+        dict(precision="nvfp4"),
+        r"^--precision nvfp4: Transformer Engine's NVFP4 recipe, which neither dstk train",
+    ),
+    (
         "fp8_needs_hopper_or_ada",
         "llama-7b",
         "dgx-a100-80g",

@@ -6,8 +6,9 @@ AVX2-only AMD EPYC, measured 2026-12-03). Detection reads what the machine says 
 importing torch (the planning half must start in milliseconds):
 
 - GPUs: `nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv` (the default
-  table output parses too, for recorded fixtures), each model looked up in `presets/gpus.yaml` — published
-  dense peaks, HBM bandwidth, NVLink/PCIe, bf16 support, each with its source;
+  table output parses too, for recorded fixtures), or on AMD Instinct `amd-smi static` / `rocm-smi` (and
+  `rocminfo`; toolkit.host.amd_smi), each model looked up in `presets/gpus.yaml` — published dense peaks, HBM bandwidth,
+  NVLink/xGMI/PCIe, bf16 support, each with its source;
 - CPUs: `/proc/cpuinfo` (model, flags: `avx512_bf16`, `amx_bf16`, `avx512f`, `avx2`, `fma`; clock),
   NUMA nodes from sysfs, host memory from `/proc/meminfo`, free disk at the checkpoint path;
 - a host fingerprint (CPU model and flags, cores, GPU model and driver, torch/DeepSpeed versions from package
@@ -128,12 +129,15 @@ def onednn_isa_cap(cpu: CpuInfo, environ: Mapping[str, str]) -> tuple[CpuInfo, s
 
 @dataclass(frozen=True)
 class GpuInfo:
-    """One GPU as nvidia-smi reports it."""
+    """One GPU as nvidia-smi (or amd-smi, rocm-smi, rocminfo) reports it."""
 
     name: str
     memory_mib: float | None
     driver: str | None = None
     compute_cap: str | None = None
+    """CUDA compute capability, or the AMD gfx target (gfx942)."""
+    tool: str = "nvidia-smi"
+    """What reported it."""
 
 
 # ---------------------------------------------------------------------------------------------- parsing
@@ -201,7 +205,9 @@ def parse_nvidia_smi(text: str) -> list[GpuInfo]:
 
 _TABLE_NAME = re.compile(r"^\|\s*(\d+)\s+(.+?)\s+(On|Off)\s*\|")
 _TABLE_MEMORY = re.compile(r"(\d+)MiB\s*/\s*(\d+)MiB")
-_TABLE_DRIVER = re.compile(r"Driver Version:\s*([0-9.]+)")
+# the header's driver: "Driver Version: 580.95.05", or from driver R610 on "KMD Version: 610.43.02" (with
+# "CUDA UMD Version: 13.3"; sgl-project/sglang issue #27487, tests/data/hardware)
+_TABLE_DRIVER = re.compile(r"(?:Driver|KMD) Version:\s*([0-9.]+)")
 
 
 def _parse_smi_table(text: str) -> list[GpuInfo]:

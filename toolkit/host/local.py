@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from toolkit.host.amd_smi import parse_amd_smi, run_amd_smi
 from toolkit.host.calibration_cache import calibration_path, fingerprint, package_versions
 from toolkit.host.detect import (
     EMULATED_BF16_SLOWDOWN,
@@ -125,16 +126,28 @@ def _cpu_cluster(cpu: CpuInfo, ranks: int, det: Detection, calibrated: bool) -> 
     )
 
 
+# The share of the GPU-to-GPU link rate NCCL's rings reach (nccl-tests bus bandwidth): ~78 % on NVLink (A100
+# 232 of 300 GB/s, H100 ~370 of 450; nccl issues #812/#1576, as in the cluster presets) and PCIe; RCCL on
+# MI300X's xGMI mesh 70 % (all-reduce busbw 312.9 of 7 × 64 = 448 GB/s on 8 GPUs; stas00/ml-engineering
+# network/README.md, as in presets/clusters/mi300x-8.yaml).
+RING_SHARE = {"xgmi": 0.70}
+RING_SHARE_DEFAULT = 0.78
+
+
 def _gpu_cluster(gpus: list[GpuInfo], det: Detection) -> None:
     """Per-GPU figures from the published table; what the table lacks is listed as unknown."""
     first = gpus[0]
+    tool = first.tool
+    # DeepSpeed drives ROCm's GPUs through its CUDA accelerator: PyTorch's HIP build is torch.cuda
     det.cluster.update(accelerator="cuda", gpus_per_node=len(gpus))
-    det.sources["gpus_per_node"] = f"nvidia-smi: {len(gpus)} GPUs"
-    det.sources["accelerator"] = f"nvidia-smi: {first.name}"
+    det.sources["gpus_per_node"] = f"{tool}: {len(gpus)} GPUs"
+    det.sources["accelerator"] = f"{tool}: {first.name}" + (
+        "" if tool == "nvidia-smi" else " (ROCm: torch.cuda)"
+    )
     if first.memory_mib:
         # the driver and ECC keep ~1 % of memory.total (A100-80GB: 81,920 MiB listed, ~79.2 GiB allocatable)
         det.cluster["gpu_memory_gib"] = round(0.99 * first.memory_mib / 1024, 1)
-        det.sources["gpu_memory_gib"] = f"nvidia-smi memory.total {first.memory_mib:g} MiB, 1 % reserved"
+        det.sources["gpu_memory_gib"] = f"{tool} memory total {first.memory_mib:g} MiB, 1 % reserved"
     if len({g.name for g in gpus}) > 1:
         det.warnings.append(
             f"cluster local: mixed GPU models ({', '.join(sorted({g.name for g in gpus}))}); "
@@ -160,9 +173,8 @@ def _gpu_cluster(gpus: list[GpuInfo], det: Detection) -> None:
     native = bool(e.get("bf16_native")) and e.get("bf16_tflops") is not None
     src = e.get("source", "presets/gpus.yaml")
     link = e.get("nvlink_gb_per_s") or None
-    # what NCCL's ring achieves (nccl-tests bus bandwidth) is ~78 % of the link rate: A100 NVLink 232 of
-    # 300 GB/s, H100 ~370 of 450 (nccl issues #812/#1576, as in the cluster presets); PCIe likewise
-    intra = 0.78 * (link or e.get("pcie_gb_per_s") or 16)
+    share = RING_SHARE.get(e.get("interconnect", ""), RING_SHARE_DEFAULT) if link else RING_SHARE_DEFAULT
+    intra = share * (link or e.get("pcie_gb_per_s") or 16)
     # the table's figures as the cluster presets that name this GPU get them; memory is nvidia-smi's, above
     figures = {k: v for k, v in cluster_gpu_fields(key, e).items() if k != "gpu_memory_gib"}
     det.cluster.update(
@@ -172,9 +184,18 @@ def _gpu_cluster(gpus: list[GpuInfo], det: Detection) -> None:
         intra_node_gb_per_s=round(intra, 1),
         pcie_gb_per_s=round(0.78 * (e.get("pcie_gb_per_s") or 32), 1),
     )
-    if "gpu_fp8_peak_tflops" in figures:
-        det.sources["gpu_fp8_peak_tflops"] = f"table {key}: {src}"
-    det.cluster.setdefault("gpu_memory_gib", round(0.99 * e["memory_gib"] * 1e9 / GIB, 1))
+    for peak in ("gpu_fp8_peak_tflops", "gpu_mxfp8_peak_tflops", "gpu_nvfp4_peak_tflops"):
+        if peak in figures:
+            det.sources[peak] = f"table {key}: {src}"
+    if e.get("interconnect") == "xgmi":  # one link per pair of GPUs, no switch (comm.py)
+        det.cluster["intra_node_topology"] = "full_mesh"
+        det.sources["intra_node_topology"] = f"table {key}: xGMI, a full mesh of the node's GPUs"
+    if "gpu_memory_gib" not in det.cluster:
+        usable = e.get("usable_memory_gib")
+        det.cluster["gpu_memory_gib"] = usable or round(0.99 * e["memory_gib"] * 1e9 / GIB, 1)
+        det.sources["gpu_memory_gib"] = (
+            f"table {key}: {'usable_memory_gib' if usable else 'memory_gib, 1 % reserved'}"
+        )
     for k in (
         "gpu_peak_tflops",
         "gpu_fp32_peak_tflops",
@@ -184,8 +205,9 @@ def _gpu_cluster(gpus: list[GpuInfo], det: Detection) -> None:
         "gpu_power_w",
     ):
         det.sources[k] = f"table {key}: {src}"
+    fabric = ("xGMI" if e.get("interconnect") == "xgmi" else "NVLink") if link else "PCIe"
     det.sources["intra_node_gb_per_s"] = (
-        f"table {key}: {'NVLink' if link else 'PCIe'} {link or e.get('pcie_gb_per_s')} GB/s × 0.78 (NCCL ring)"
+        f"table {key}: {fabric} {link or e.get('pcie_gb_per_s')} GB/s × {share:g} (NCCL/RCCL ring)"
     )
     det.sources["gpu_sm_count"] = f"table {key}: {src}"
 
@@ -194,6 +216,7 @@ def detect(
     *,
     root: Path = Path("/"),
     nvidia_smi: str | None = None,
+    amd_smi: str | None = None,
     cpuinfo: str | None = None,
     meminfo: str | None = None,
     checkpoint_path: Path | None = None,
@@ -203,12 +226,17 @@ def detect(
     environ: Mapping[str, str] | None = None,
 ) -> Detection:
     """Describe this machine as a one-node cluster. Every input can be given (recorded outputs in tests);
-    otherwise it is read from `root` and from running nvidia-smi. `environ` (this process's environment when
-    /proc/cpuinfo is read live, else empty) supplies `ONEDNN_MAX_CPU_ISA`, which changes what bf16 costs."""
+    otherwise it is read from `root` and from running nvidia-smi, or where it finds no GPU amd-smi/rocm-smi
+    (`amd_smi`: their output). `environ` (this process's environment when /proc/cpuinfo is read live, else
+    empty) supplies `ONEDNN_MAX_CPU_ISA`, which changes what bf16 costs."""
     live = nvidia_smi is None and root == Path("/")
     if live:
         nvidia_smi = run_nvidia_smi()
     gpus = parse_nvidia_smi(nvidia_smi or "")
+    if not gpus:
+        if live and amd_smi is None:
+            amd_smi = run_amd_smi()
+        gpus = parse_amd_smi(amd_smi or "")
     hidden = None
     if live:  # what this process may use, not all the box has
         gpus, hidden = visible_gpus(gpus, os.environ)

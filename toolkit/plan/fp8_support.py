@@ -1,6 +1,8 @@
 """Where fp8 can run: the hardware, dstk train's torchao conversion, Megatron-DeepSpeed's Transformer Engine
-layer. Each check returns the one-line reason it cannot (None: it can); `toolkit.plan.rules` lists them as
-named rules, `toolkit.run.preflight` asks them again before a rank starts.
+layer; and where Transformer Engine's block-scaled recipes (`--precision mxfp8|nvfp4`) can: the hardware only,
+for `dstk estimate` — neither runtime dstk configures runs them. Each check returns the one-line reason it
+cannot (None: it can); `toolkit.plan.rules` lists them as named rules, `toolkit.run.preflight` asks them again
+before a rank starts.
 """
 
 from __future__ import annotations
@@ -35,6 +37,59 @@ def hardware_problem(c: ClusterSpec) -> str | None:
 def needs_fp8_tensor_cores(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
     problem = hardware_problem(c) if r.precision == "fp8" else None
     return None if problem is None else f"--precision: {problem}"
+
+
+BLOCK_SCALED_NAMES = {"mxfp8": "MXFP8", "nvfp4": "NVFP4"}
+"""The block-scaled precisions and how their format is written."""
+
+
+def block_scaled_gpus(precision: str) -> list[str]:
+    """The GPUs of presets/gpus.yaml whose tensor cores run `precision` ("mxfp8", "nvfp4"), in table order."""
+    from toolkit.plan.presets import gpu_table
+
+    column = f"{precision}_tflops"
+    return [name for name, entry in gpu_table().items() if entry.get(column) is not None]
+
+
+def block_scaled_problem(c: ClusterSpec, precision: str) -> str | None:
+    """Why `c` cannot train with Transformer Engine's MXFP8 or NVFP4 recipe: the GEMMs need tensor cores that
+    take the block-scaled format (TE: MXFP8BlockScaling and NVFP4BlockScaling train on SM 10.0 and 10.3 only,
+    "MXFP8 and NVFP4 require Blackwell"; AMD's CDNA4 has OCP MXFP8, no NVFP4), which presets/gpus.yaml records
+    as `mxfp8_tflops` / `nvfp4_tflops`."""
+    if c.supports(precision):
+        return None
+    name = BLOCK_SCALED_NAMES[precision]
+    if c.accelerator != "cuda":
+        has = f"is {c.accelerator}, not a GPU"
+    elif getattr(c, f"gpu_{precision}_peak_tflops") is not None:
+        has = "has no bf16 for what stays out of it"
+    else:
+        has = f"has no {name} tensor cores"
+    return (
+        f"--precision {precision}: {name} GEMMs need {name} tensor cores, and cluster {c.name} {has}; GPUs with "
+        f"{name}: {', '.join(block_scaled_gpus(precision))} (or a cluster file with gpu_{precision}_peak_tflops)"
+    )
+
+
+def needs_block_scaled_tensor_cores(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    if r.precision not in BLOCK_SCALED_NAMES:
+        return None
+    return block_scaled_problem(c, r.precision)
+
+
+def estimate_only(m: ModelSpec, r: LayoutRequest, dp: int) -> str | None:
+    """MXFP8 and NVFP4 are priced as Transformer Engine's recipes run them (Megatron-Core's `--fp8-recipe
+    mxfp8`, `--fp4-recipe nvfp4`), which neither runtime dstk configures builds: dstk train's low precision is
+    torchao.float8's tensorwise scaling (toolkit/run/fp8.py), and Megatron-DeepSpeed's is TE's DelayedScaling,
+    built for transformer-engine < 2.0, with no recipe flag in its parser — only --fp8-e4m3/--fp8-hybrid and
+    the amax settings (tests/data/megatron_deepspeed_flags.txt, from megatron/arguments.py @ f1feb88)."""
+    if r.precision not in BLOCK_SCALED_NAMES:
+        return None
+    return (
+        f"--precision {r.precision}: Transformer Engine's {BLOCK_SCALED_NAMES[r.precision]} recipe, which neither "
+        "dstk train (torchao.float8, tensorwise) nor Megatron-DeepSpeed (no --fp8-recipe/--fp4-recipe) runs; "
+        "price it with dstk estimate, or train in fp8"
+    )
 
 
 def torchao_converts(m: ModelSpec, r: LayoutRequest, dp: int) -> str | None:
@@ -97,10 +152,23 @@ def te_layer_builds(m: ModelSpec, r: LayoutRequest, dp: int) -> str | None:
     )
 
 
+def block_scaled_refusal(c: ClusterSpec, precision: str, scopes: tuple[str, ...]) -> str | None:
+    """Why no layout can run `precision` (mxfp8, nvfp4) on `c` under the rule `scopes`, whatever the layout
+    (the hardware, then the runtime); None otherwise. The planner says it once instead of per layout."""
+    if precision not in BLOCK_SCALED_NAMES:
+        return None
+    request = LayoutRequest(precision=precision)  # type: ignore[arg-type]
+    found = [block_scaled_problem(c, precision)]
+    if "runs" in scopes:
+        found.append(estimate_only(None, request, 1))  # type: ignore[arg-type]
+    return "; ".join(p for p in found if p) or None
+
+
 def run_problems(model: ModelSpec, cluster: ClusterSpec | None, request: LayoutRequest) -> list[str]:
     """What stands between an fp8 layout and dstk train (toolkit/run/preflight.py): the hardware when the
     cluster is known, and what torchao's conversion covers."""
-    found = [torchao_converts(model, request, 1)]
+    found = [torchao_converts(model, request, 1), estimate_only(model, request, 1)]
     if cluster is not None:
         found.insert(0, needs_fp8_tensor_cores(model, cluster, request, 1))
+        found.insert(1, needs_block_scaled_tensor_cores(model, cluster, request, 1))
     return [m for m in found if m]

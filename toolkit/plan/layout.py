@@ -12,22 +12,24 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from toolkit.errors import UserError
-from toolkit.plan.specs import ClusterSpec, Precision
+from toolkit.plan.specs import LOW_PRECISION_GEMMS, ClusterSpec, Precision
 from toolkit.plan.units import format_tflops
 
 Recompute = Literal["none", "selective", "full", "ops"]
 OffloadDevice = Literal["none", "cpu", "nvme"]
 Optimizer = Literal["adamw", "onebit-adam", "zero-one-adam"]
 
-BYTES_PER_ELEMENT: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
-"""Bytes of a parameter, gradient or activation element. fp8 keeps them all in bf16: only the linear layers'
-GEMM operands are cast to FP8, and the cost model prices those casts apart (toolkit/plan/cost/fp8.py)."""
+BYTES_PER_ELEMENT: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2, "mxfp8": 2, "nvfp4": 2}
+"""Bytes of a parameter, gradient or activation element. fp8, mxfp8 and nvfp4 keep them all in bf16: only the
+linear layers' GEMM operands are cast to the narrow format, and the cost model prices those casts apart
+(toolkit/plan/cost/fp8.py)."""
 
 
 def engine_precision(precision: Precision) -> Precision:
-    """The precision the DeepSpeed engine (and Megatron's `--bf16`) runs: fp8 trains in bf16 with FP8 linear
-    GEMMs, which the engine never sees (its JSON has no FP8 key; the `dstk` block carries the layout's)."""
-    return "bf16" if precision == "fp8" else precision
+    """The precision the DeepSpeed engine (and Megatron's `--bf16`) runs: fp8, mxfp8 and nvfp4 train in bf16
+    with narrow linear GEMMs, which the engine never sees (its JSON has no FP8 key; the `dstk` block carries
+    the layout's)."""
+    return "bf16" if precision in LOW_PRECISION_GEMMS else precision
 
 
 def data_parallel_size(world_size: int, tp: int = 1, pp: int = 1, sp: int = 1) -> int:
@@ -124,7 +126,10 @@ class LayoutRequest(BaseModel):
     precision: Precision | None = None
     """Training precision (default: bf16 where supported, else fp16, else fp32). fp8: bf16 training whose
     linear layers (QKV, attention output, MLP) run their GEMMs in FP8 — Transformer Engine under --target
-    megatron, torchao.float8 in dstk train — on GPUs with FP8 tensor cores (Ada, Hopper and newer)."""
+    megatron, torchao.float8 in dstk train — on GPUs with FP8 tensor cores (Ada, Hopper and newer). mxfp8,
+    nvfp4: the same with Transformer Engine's MXFP8BlockScaling / NVFP4BlockScaling recipes (Megatron-Core's
+    `--fp8-recipe mxfp8`, `--fp4-recipe nvfp4`), on GPUs with those tensor cores (Blackwell; MXFP8 also
+    AMD CDNA4); `dstk estimate` prices them, neither runtime dstk configures runs them."""
     optimizer: Optimizer = "adamw"
     """AdamW, or dstk's 1-bit Adam / 0/1 Adam (compressed communication, ZeRO stage 0 only)."""
     tp_sequence_parallel: bool = False
@@ -201,11 +206,14 @@ class Layout(LayoutRequest):
         return BYTES_PER_ELEMENT[self.precision]
 
     @property
-    def fp8_recipe(self) -> Literal["delayed", "tensorwise"] | None:
-        """How the linear layers' GEMMs get FP8 operands (None: not an fp8 layout): Transformer Engine's delayed
-        scaling in Megatron-DeepSpeed's fused blocks, torchao.float8's dynamic tensorwise scaling in the eager
-        HF modules dstk train runs and in PyTorch FSDP runs (torchtitan; compiled with --fused-kernels).
-        toolkit/plan/cost/fp8.py prices them."""
+    def fp8_recipe(self) -> Literal["delayed", "tensorwise", "mxfp8", "nvfp4"] | None:
+        """How the linear layers' GEMMs get their narrow operands (None: a bf16/fp16/fp32 layout): Transformer
+        Engine's delayed scaling in Megatron-DeepSpeed's fused blocks, torchao.float8's dynamic tensorwise
+        scaling in the eager HF modules dstk train runs and in PyTorch FSDP runs (torchtitan; compiled with
+        --fused-kernels); for mxfp8 and nvfp4 Transformer Engine's block-scaled recipe of that name, whatever
+        the runtime. toolkit/plan/cost/fp8.py prices them."""
+        if self.precision in ("mxfp8", "nvfp4"):
+            return self.precision
         if self.precision != "fp8":
             return None
         return "delayed" if self.fused_kernels and self.fsdp is None else "tensorwise"

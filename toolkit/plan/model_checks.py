@@ -1,4 +1,5 @@
-"""The shape checks of a model description (ModelSpec's validator): each failure one line naming the field.
+"""The shape checks of a model description (ModelSpec's validator), each failure one line naming the field, and
+the gated MLP width Llama's recipe gives.
 
 Standard library and the family table only: `dstk plan` imports this.
 """
@@ -11,6 +12,15 @@ from toolkit.plan.architectures import ARCHITECTURES, TRACED
 
 if TYPE_CHECKING:
     from toolkit.plan.specs import ModelSpec
+
+
+def llama_ffn_hidden_size(hidden_size: int, multiple_of: int = 256) -> int:
+    """SwiGLU width that keeps the MLP's parameters at 8h² (Llama: 2/3 · 4h, rounded up to `multiple_of`).
+
+    Touvron et al. 2023 (LLaMA), §2.2 and the reference code's `FeedForward`.
+    """
+    inner = int(2 * 4 * hidden_size / 3)
+    return multiple_of * ((inner + multiple_of - 1) // multiple_of)
 
 
 def check_shape(spec: ModelSpec) -> None:

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolkit.errors import UserError
-from toolkit.plan.fp8_support import hardware_problem
+from toolkit.plan.fp8_support import block_scaled_refusal, hardware_problem
 from toolkit.plan.layout import LayoutRequest, OffloadDevice, Optimizer, Recompute, default_precision
 from toolkit.plan.specs import ClusterSpec, Precision
 
@@ -85,6 +85,9 @@ class PlanQuery(BaseModel):
         if self.precision is not None:
             if self.allow_fp8:
                 raise UserError(f"--allow-fp8: --precision {self.precision} pins the precision; drop one")
+            problem = block_scaled_refusal(cluster, self.precision, self.scopes)
+            if problem:  # the same for every layout: said once, not per rule of the search
+                raise UserError(problem)
             return [self.precision]
         default = default_precision(cluster)
         if not self.allow_fp8:

@@ -33,7 +33,7 @@ from toolkit.plan.sequence_parallel import (
     sp_divides,
     sp_divides_accumulation,
 )
-from toolkit.plan.specs import ClusterSpec, ModelSpec
+from toolkit.plan.specs import LOW_PRECISION_GEMMS, ClusterSpec, ModelSpec
 
 Check = Callable[[ModelSpec, ClusterSpec, LayoutRequest, int], "str | None"]
 
@@ -103,12 +103,10 @@ def _nvme_present(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> st
 
 
 def _precision_supported(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
-    if r.precision and r.precision != "fp8" and not c.supports(r.precision):
-        valid = [p for p in ("bf16", "fp16", "fp32", "fp8") if c.supports(p)]
-        return (
-            f"--precision: {r.precision} is not supported on {c.accelerator} accelerators of cluster {c.name}; "
-            f"valid: {', '.join(valid)}"
-        )
+    if r.precision and r.precision not in LOW_PRECISION_GEMMS and not c.supports(r.precision):
+        valid = ", ".join(p for p in ("bf16", "fp16", "fp32", *LOW_PRECISION_GEMMS) if c.supports(p))
+        where = f"{c.accelerator} accelerators of cluster {c.name}"
+        return f"--precision: {r.precision} is not supported on {where}; valid: {valid}"
     return None
 
 
@@ -289,6 +287,7 @@ RULES: tuple[Rule, ...] = (
     Rule("offload_activations_needs_full_recompute", offload_activations_needs_full),
     Rule("precision_supported", _precision_supported),
     Rule("fp8_needs_hopper_or_ada", fp8_support.needs_fp8_tensor_cores),
+    Rule("mxfp8_nvfp4_need_their_tensor_cores", fp8_support.needs_block_scaled_tensor_cores),
     Rule("onebit_needs_zero0", _onebit_needs_zero0),
     Rule("ep_needs_moe", ep_needs_moe),
     Rule("ep_divides_experts_and_dp", ep_divides),
@@ -305,6 +304,7 @@ RULES: tuple[Rule, ...] = (
     Rule("tp_sequence_parallel_needs_megatron", _tp_sp_needs_megatron, scope="deepspeed"),
     Rule("hf_attention_is_the_runtime", _hf_attention_is_the_runtime, scope="deepspeed"),
     Rule("megatron_core_runtime_only", _megatron_core_only, scope="runs"),
+    Rule("mxfp8_nvfp4_are_estimate_only", _cluster_free(fp8_support.estimate_only), scope="runs"),
     Rule("fsdp_shards_as_zero2_or_3", _fsdp_shards_as_zero),
     Rule("pytorch_fsdp_runtime_only", _pytorch_fsdp_only, scope="runs"),
     Rule("backward_prefetch_needs_fsdp", _backward_prefetch_needs_fsdp),

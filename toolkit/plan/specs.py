@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from toolkit.plan.architectures import ACTIVATIONS, ARCHITECTURES, FAMILIES, TRACED, ArchitectureFacts
-from toolkit.plan.model_checks import check_shape
+from toolkit.plan.model_checks import check_shape, llama_ffn_hidden_size
 from toolkit.plan.traced import TRACE_FIELD, TracedModel
 
 # Exactly the families and activations of plan/architectures.py's tables, and `traced` (a model read off what
@@ -26,20 +26,13 @@ from toolkit.plan.traced import TRACE_FIELD, TracedModel
 Architecture = Literal[tuple(FAMILIES)]  # type: ignore[valid-type]
 Activation = Literal[tuple(ACTIVATIONS)]  # type: ignore[valid-type]
 Accelerator = Literal["cuda", "cpu", "xpu", "hpu", "npu", "mps"]
-Precision = Literal["bf16", "fp16", "fp32", "fp8"]
+Precision = Literal["bf16", "fp16", "fp32", "fp8", "mxfp8", "nvfp4"]
 """Training precision. `fp8` is bf16 training whose linear layers run their GEMMs in FP8 (Transformer Engine,
-torchao.float8): weights, gradients, optimizer states and activations stay bf16 (toolkit/plan/cost/fp8.py)."""
+torchao.float8): weights, gradients, optimizer states and activations stay bf16 (toolkit/plan/cost/fp8.py);
+`mxfp8` and `nvfp4` with Transformer Engine's block-scaled recipes of those names."""
+LOW_PRECISION_GEMMS: tuple[str, ...] = ("fp8", "mxfp8", "nvfp4")
 
 _STRICT = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
-
-
-def llama_ffn_hidden_size(hidden_size: int, multiple_of: int = 256) -> int:
-    """SwiGLU width that keeps the MLP's parameters at 8h² (Llama: 2/3 · 4h, rounded up to `multiple_of`).
-
-    Touvron et al. 2023 (LLaMA), §2.2 and the reference code's `FeedForward`.
-    """
-    inner = int(2 * 4 * hidden_size / 3)
-    return multiple_of * ((inner + multiple_of - 1) // multiple_of)
 
 
 class ModelSpec(BaseModel):
@@ -273,6 +266,14 @@ class ClusterSpec(BaseModel):
     The best FP8 GEMMs reach a smaller share of their doubled peak than bf16 ones — 70.9 % of 1979 against
     80.3 % of 989 on H100 SXM, 73.4 % on H200 (stas00/ml-engineering, "Maximum Achievable Matmul FLOPS") —
     so the H100/H200 presets scale their bf16 efficiency by that ratio."""
+    gpu_mxfp8_peak_tflops: float | None = Field(default=None, gt=0)
+    """Dense MXFP8 peak, TFLOP/s (gpus.yaml `mxfp8_tflops`); None: no MXFP8 tensor cores (Hopper, CDNA3)."""
+    gpu_mxfp8_matmul_efficiency: float | None = Field(default=None, gt=0, le=1)
+    """Sustained share of the MXFP8 peak its GEMM kernels reach, casts excluded (default: the FP8 one)."""
+    gpu_nvfp4_peak_tflops: float | None = Field(default=None, gt=0)
+    """Dense NVFP4 peak, TFLOP/s (gpus.yaml `nvfp4_tflops`); None: no NVFP4 tensor cores (all but Blackwell)."""
+    gpu_nvfp4_matmul_efficiency: float | None = Field(default=None, gt=0, le=1)
+    """Sustained share of the NVFP4 peak its GEMM kernels reach, casts excluded (default: gpu_matmul_efficiency)."""
     supports_bf16: bool = True
     """bf16 arithmetic is available (false on V100-class GPUs)."""
     supports_fp16: bool | None = None
@@ -300,6 +301,12 @@ class ClusterSpec(BaseModel):
     """Intra-node bus bandwidth (nccl-tests' convention) of each collective where the backend's algorithms
     differ — gloo on CPU runs all-gather and reduce-scatter at a third of its all-reduce; `dstk calibrate`
     measures it. Unset (NCCL, whose rings give every collective the same bus bandwidth): intra_node_gb_per_s."""
+    nvlink_domain_gpus: int | None = Field(default=None, gt=0)
+    """GPUs one NVLink fabric joins, whole nodes (default: a node). NVL72: 72 across 18 trays of 4; a group
+    inside the domain runs at the intra-node figures, only one spanning domains crosses the network (comm.py)."""
+    intra_node_topology: Literal["switch", "full_mesh"] = "switch"
+    """`switch` (NVSwitch) or `full_mesh` (AMD xGMI: one link per pair of GPUs, so a group of g GPUs of a node
+    gets (g−1)/(gpus_per_node−1) of its bandwidth; toolkit/plan/cost/comm.py)."""
     collective_latency_us: float = Field(default=10, ge=0)
     """Host cost of issuing one collective call, microseconds, beyond the latency of the algorithm NCCL runs
     (toolkit.plan.cost.comm); on the CPU accelerator the whole per-call cost of gloo, as calibrated."""
@@ -362,19 +369,28 @@ class ClusterSpec(BaseModel):
     def _check_hosts(self) -> ClusterSpec:
         if self.hostnames is not None and len(self.hostnames) != self.nodes:
             raise ValueError(f"hostnames: {len(self.hostnames)} names given for nodes({self.nodes})")
+        if self.nvlink_domain % self.gpus_per_node:
+            raise ValueError(f"nvlink_domain_gpus: {self.nvlink_domain} is not a whole number of nodes")
+        if self.nvlink_domain != self.gpus_per_node and self.intra_node_topology == "full_mesh":
+            raise ValueError("nvlink_domain_gpus: a full_mesh (xGMI) node is its own NVLink domain")
         return self
 
     @property
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
 
+    @property
+    def nvlink_domain(self) -> int:
+        """GPUs one NVLink fabric joins: nvlink_domain_gpus, else one node."""
+        return self.nvlink_domain_gpus or self.gpus_per_node
+
     def peak_flops(self, precision: Precision) -> float:
-        """Peak FLOP/s per accelerator at the training precision (fp8: of its FP8 GEMMs, MFU's denominator for
-        an fp8 run as in NVIDIA's published tables)."""
-        if precision == "fp8":
-            if self.gpu_fp8_peak_tflops is None:
-                raise ValueError(f"cluster {self.name} has no FP8 peak (gpu_fp8_peak_tflops)")
-            return self.gpu_fp8_peak_tflops * 1e12
+        """Peak FLOP/s per accelerator at the training precision (fp8, mxfp8, nvfp4: of the linear GEMMs in that
+        format, MFU's denominator as NVIDIA's MFU tables take each data type's peak; dgxc-benchmarking README)."""
+        if precision in LOW_PRECISION_GEMMS:
+            if (tflops := getattr(self, f"gpu_{precision}_peak_tflops")) is None:
+                raise ValueError(f"cluster {self.name} has no {precision} peak (gpu_{precision}_peak_tflops)")
+            return tflops * 1e12
         tflops = self.gpu_fp32_peak_tflops if precision == "fp32" else self.gpu_peak_tflops
         return tflops * 1e12
 
@@ -382,9 +398,16 @@ class ClusterSpec(BaseModel):
         """The sustained fraction of the FP8 peak (gpu_fp8_matmul_efficiency, else gpu_matmul_efficiency)."""
         return self.gpu_fp8_matmul_efficiency or self.gpu_matmul_efficiency
 
+    def low_precision_matmul_efficiency(self, precision: str) -> float:
+        """The sustained share of the fp8, mxfp8 (default: fp8's) or nvfp4 (default: bf16's) peak."""
+        own = {"mxfp8": self.gpu_mxfp8_matmul_efficiency, "nvfp4": self.gpu_nvfp4_matmul_efficiency}
+        fallback = self.gpu_matmul_efficiency if precision == "nvfp4" else self.fp8_matmul_efficiency()
+        return own.get(precision) or fallback
+
     def supports(self, precision: Precision) -> bool:
-        """Whether the accelerator trains in `precision`; fp8 needs FP8 tensor cores on CUDA and bf16 beside
-        them (everything but the linear layers' GEMMs stays bf16)."""
-        if precision == "fp8":
-            return self.accelerator == "cuda" and self.gpu_fp8_peak_tflops is not None and self.supports_bf16
+        """Whether the accelerator trains in `precision`; fp8, mxfp8, nvfp4 need that format's tensor cores on
+        CUDA (ROCm too) and bf16 beside them (everything but the linear layers' GEMMs stays bf16)."""
+        if precision in LOW_PRECISION_GEMMS:
+            has = getattr(self, f"gpu_{precision}_peak_tflops") is not None
+            return self.accelerator == "cuda" and has and self.supports_bf16
         return {"bf16": self.supports_bf16, "fp16": bool(self.supports_fp16), "fp32": True}[precision]

@@ -33,7 +33,9 @@ def preset_rows(models: list[Any], clusters: list[Any]) -> dict[str, list[dict[s
         {
             "name": c.name,
             "accelerator": c.accelerator,
+            "nodes": c.nodes,
             "gpus_per_node": c.gpus_per_node,
+            "nvlink_domain_gpus": c.nvlink_domain,
             "gpu_memory_gib": c.gpu_memory_gib,
             "gpu_peak_tflops": c.gpu_peak_tflops,
             "intra_node_gb_per_s": c.intra_node_gb_per_s,
@@ -69,12 +71,26 @@ def print_presets(rows: dict[str, list[dict[str, Any]]]) -> None:
         left=2,
     )
     clusters_table = text_table(
-        ("name", "accel", "GPUs", "GiB", "TFLOP/s", "intra GB/s", "inter GB/s", "CPU GiB", "NVMe GiB", "W"),
+        (
+            "name",
+            "accel",
+            "nodes",
+            "GPUs",
+            "GiB",
+            "TFLOP/s",
+            "intra GB/s",
+            "inter GB/s",
+            "CPU GiB",
+            "NVMe GiB",
+            "W",
+        ),
         [
             (
                 r["name"],
                 r["accelerator"],
-                str(r["gpus_per_node"]),
+                str(r["nodes"]),
+                str(r["gpus_per_node"])
+                + (f" ({r['nvlink_domain_gpus']})" if r["nvlink_domain_gpus"] != r["gpus_per_node"] else ""),
                 f"{r['gpu_memory_gib']:g}",
                 f"{r['gpu_peak_tflops']:g}",
                 f"{r['intra_node_gb_per_s']:g}",
@@ -89,6 +105,11 @@ def print_presets(rows: dict[str, list[dict[str, Any]]]) -> None:
     )
     print("Model presets (--model); params, and active params per token, in K/M/B/T:")
     print("\n".join(models_table))
-    print("\nCluster presets (--cluster; one node each, --nodes N to scale). GPUs per node; per GPU: memory,")
-    print("16-bit peak, intra- and inter-node bandwidth, power; per node: CPU memory and NVMe:")
+    print(
+        "\nCluster presets (--cluster; --nodes N to scale). GPUs per node (per NVLink domain where it spans"
+    )
+    print(
+        "nodes: an NVL72 rack); per GPU: memory, 16-bit peak, NVLink and network bandwidth, power; per node:"
+    )
+    print("CPU memory and NVMe:")
     print("\n".join(clusters_table))

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 
 from toolkit.plan.architectures import ACTIVATIONS
 from toolkit.plan.cost.attention import MASK_BYTES
+from toolkit.plan.cost.fp8 import saved_input_bytes
 from toolkit.plan.cost.traced_blocks import traced_block_bytes
 from toolkit.plan.layout import Layout, LayoutRequest
-from toolkit.plan.specs import ModelSpec
+from toolkit.plan.specs import LOW_PRECISION_GEMMS, ModelSpec
 
 OFFLOAD_KEPT_ON_DEVICE = 3
 """Block inputs still on the GPU with `cpu_checkpointing`: DeepSpeed's offload engine keeps the newest one
@@ -129,13 +130,14 @@ def block_terms(
     tokens: int,
     act_bytes: int,
     moe: bool,
-    fp8_inputs: bool = False,
+    fp8_inputs: float = 0,
     hf_modules: bool = False,
     dense_experts: bool = True,
 ) -> ActivationTerms:
     """Activation terms of one block for `tokens` = s·b tokens at `act_bytes` per element.
 
-    `fp8_inputs`: the linear layers save their input as an FP8 copy (1 byte) for the weight gradient, as
+    `fp8_inputs`: the linear layers save their input as a copy of that many bytes per element for the weight
+    gradient (FP8: 1; MXFP8/NVFP4 with their block scales: toolkit.plan.cost.fp8.saved_input_bytes), as
     Transformer Engine does (performance_considerations.rst, "Activations saved for backward": BF16 keeps a
     2 MB input, FP8 a 1 MB one). It replaces the 16-bit copy where the linear layer is its only keeper — the
     QKV and MLP inputs (norm outputs), the second MLP matmul's input — and comes on top of it for the attention
@@ -146,12 +148,12 @@ def block_terms(
     runtime's block (`hf_eager_extra`), and with `dense_experts` (no expert parallelism) runs the experts as
     HF does (`routed_copies`)."""
     e, h, s = act_bytes, model.hidden_size, model.seq_length
-    fp8 = 1 if fp8_inputs else e  # bytes of a saved linear-layer input
+    fp8 = fp8_inputs or e  # bytes of a saved linear-layer input
     q_width, kv_width = model.n_heads * model.head_dim, model.n_kv_heads * model.head_dim
     v_width, o_width = model.n_kv_heads * model.v_width, model.n_heads * model.v_width
     mask = MASK_BYTES if model.dropout else 0
     # Attention: Q and K for QKᵀ, V for the weighted sum, the input of the output projection.
-    sharded = e * (q_width + kv_width) + e * v_width + e * o_width + (o_width if fp8_inputs else 0)
+    sharded = e * (q_width + kv_width) + e * v_width + e * o_width + fp8_inputs * o_width
     if model.qk_norm:  # Qwen3's per-head RMSNorm keeps its inputs (the projections' outputs) too
         sharded += e * (q_width + kv_width)
     # Softmax output (and, with dropout, its mask and dropped-out copy): b·a·s² elements, i.e. a·s per token.
@@ -261,11 +263,11 @@ def runtime_flash_attention(
     """`flash_attention` when given, else the runtime's own: SDPA for HF modules (and PyTorch FSDP runs, whose
     `--fused-kernels` is torch.compile) where the family has it; Megatron-DeepSpeed's CoreAttention, except in
     fp8, where `--transformer-impl transformer_engine` builds TE's TransformerLayer, whose DotProductAttention
-    runs a fused kernel (FlashAttention or cuDNN's)."""
+    runs a fused kernel (FlashAttention or cuDNN's) — as it does in the mxfp8/nvfp4 runs TE's recipes price."""
     if flash_attention is not None:
         return flash_attention
     if fused_kernels and not fsdp:
-        return precision == "fp8"
+        return precision in LOW_PRECISION_GEMMS
     return model.family.sdpa
 
 
@@ -283,7 +285,7 @@ def block_bytes(
     sequence_parallel: bool,
     recompute: str,
     moe: bool = False,
-    fp8_inputs: bool = False,
+    fp8_inputs: float = 0,
     float8: str | None = None,
     hf_modules: bool = False,
     dense_experts: bool = True,
@@ -323,7 +325,7 @@ def _block_bytes_args(layout: Layout) -> dict:
         act_bytes=layout.bytes_per_element,
         tp=layout.tp,
         sequence_parallel=layout.tp_sequence_parallel,
-        fp8_inputs=layout.fp8_recipe == "delayed",
+        fp8_inputs=saved_input_bytes(layout.fp8_recipe),
         float8=torchao_linears(layout.fp8_recipe, layout.fused_kernels),
         hf_modules=hf_modules(layout),
         dense_experts=layout.ep == 1,

@@ -23,6 +23,15 @@ buckets does not scale to thousands of ranks (ZeRO++ hpZ, larger buckets, FSDP's
 
 On the CPU accelerator (gloo) the per-call cost is the calibrated `collective_latency_us` plus NCCL's ring
 Simple step latencies, as measured against the calibration.
+
+"Node" here means an NVLink domain (`ClusterSpec.nvlink_domain`): one node, or on GB200/GB300 NVL72 the 18
+trays of 4 GPUs one NVSwitch fabric joins. NCCL reaches the GPUs of another tray in the domain through the same
+P2P transport it uses inside a node ("the code paths still use the P2P transport like multi-GPU single node
+systems", NVIDIA/nccl issue #1159, multi-node NVLink since NCCL 2.20), so a group inside the domain runs at the
+NVLink figures, its steps are NVLink steps, and only a group that spans domains pays the network. On a node
+whose GPUs are a mesh rather than a switch (`intra_node_topology: full_mesh`, AMD's xGMI: one link per pair of
+the 8 GPUs) a group with g members in the node drives g−1 of each GPU's 7 links, so its NVLink-side bandwidth
+is (g−1)/7 of the 8-GPU figure (all-reduce bus bandwidth 47.7 GB/s on 2 MI300X, 312.9 on 8).
 """
 
 from __future__ import annotations
@@ -35,31 +44,57 @@ from toolkit.plan.specs import ClusterSpec
 
 @dataclass(frozen=True)
 class Group:
-    """A process group: its size and how many of its members share each node."""
+    """A process group: its size and how many of its members share each NVLink domain (a node, or an NVL72
+    rack of several nodes: module docstring)."""
 
     size: int
     per_node: int
 
     @property
     def spans_nodes(self) -> bool:
+        """Whether the group crosses the network, i.e. spans NVLink domains."""
         return self.size > self.per_node
 
 
+def _members_per(domain: int, size: int, stride: int) -> int:
+    """Members of a group of `size` ranks `stride` apart that fall in one block of `domain` consecutive ranks."""
+    return max(1, min(size, domain // stride)) if stride < domain else 1
+
+
 def group(size: int, stride: int, cluster: ClusterSpec) -> Group:
-    """A group of `size` ranks spaced `stride` apart in rank order (nodes hold consecutive ranks).
+    """A group of `size` ranks spaced `stride` apart in rank order (nodes, and NVLink domains, hold consecutive
+    ranks).
 
     DeepSpeed and Megatron order ranks TP-innermost, then sequence/data parallel, then pipeline, so the
     TP group has stride 1, the DP group stride tp·sp, and pipeline neighbours stride tp·sp·dp; ZeRO's group
     (data- and sequence-parallel ranks together, Layout.zero_dp) has stride tp.
     """
+    return Group(size=size, per_node=_members_per(cluster.nvlink_domain, size, stride))
+
+
+def crosses_network(stride: int, cluster: ClusterSpec) -> bool:
+    """Whether ranks `stride` apart (pipeline neighbours) are in different NVLink domains."""
+    return stride >= cluster.nvlink_domain
+
+
+def _mesh_share(g: Group, cluster: ClusterSpec) -> float:
+    """The share of the 8-GPU bandwidth a group gets inside a full-mesh node: (members in the node − 1) /
+    (gpus_per_node − 1); 1 behind a switch."""
     gpn = cluster.gpus_per_node
-    per_node = max(1, min(size, gpn // stride)) if stride < gpn else 1
-    return Group(size=size, per_node=per_node)
+    if cluster.intra_node_topology != "full_mesh" or gpn <= 1:
+        return 1.0
+    return (min(g.per_node, gpn) - 1) / (gpn - 1) if g.per_node > 1 else 1.0
+
+
+def intra_bandwidth_gb_per_s(g: Group, cluster: ClusterSpec, op: str) -> float:
+    """The NVLink-side (or xGMI) bus bandwidth of collective `op` for the group's members in one domain, GB/s."""
+    base = (cluster.collective_bus_gb_per_s or {}).get(op, cluster.intra_node_gb_per_s)
+    return base * _mesh_share(g, cluster)
 
 
 def bandwidth_bytes_per_s(g: Group, cluster: ClusterSpec, op: str = "all_reduce") -> float:
     """Per-rank bus bandwidth of collective `op` over the group, in bytes/s."""
-    intra = (cluster.collective_bus_gb_per_s or {}).get(op, cluster.intra_node_gb_per_s) * 1e9
+    intra = intra_bandwidth_gb_per_s(g, cluster, op) * 1e9
     if not g.spans_nodes:
         return intra
     return min(intra, g.per_node * cluster.inter_node_gb_per_s * 1e9)
@@ -206,7 +241,7 @@ def all_to_all_s(nbytes: float, g: Group, cluster: ClusterSpec, calls: float = 1
         return 0.0
     intra_part = nbytes * (g.per_node - 1) / g.size
     inter_part = nbytes * (g.size - g.per_node) / g.size
-    intra = (cluster.collective_bus_gb_per_s or {}).get("all_to_all", cluster.intra_node_gb_per_s)
+    intra = intra_bandwidth_gb_per_s(g, cluster, "all_to_all")
     t = max(
         intra_part / (intra * 1e9),
         inter_part / (cluster.inter_node_gb_per_s * 1e9) if inter_part else 0.0,
@@ -215,8 +250,10 @@ def all_to_all_s(nbytes: float, g: Group, cluster: ClusterSpec, calls: float = 1
 
 
 def p2p_s(nbytes: float, crosses_nodes: bool, cluster: ClusterSpec) -> float:
-    """One point-to-point send between pipeline neighbours."""
+    """One point-to-point send between pipeline neighbours (`crosses_nodes`: in different NVLink domains,
+    `crosses_network`); a pair in a full-mesh node has one of each GPU's links."""
     if nbytes <= 0:
         return 0.0
-    bw = (cluster.inter_node_gb_per_s if crosses_nodes else cluster.intra_node_gb_per_s) * 1e9
+    intra = cluster.intra_node_gb_per_s * _mesh_share(Group(2, 2), cluster)
+    bw = (cluster.inter_node_gb_per_s if crosses_nodes else intra) * 1e9
     return nbytes / bw + cluster.collective_latency_us * 1e-6

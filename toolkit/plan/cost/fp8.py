@@ -36,8 +36,39 @@ Two recipes, one per runtime dstk writes for (`Layout.fp8_recipe`):
   forward and output gradient in backward — an approximation, not a measurement. As in eager torchao, no FP8
   weight copies are kept between micro-batches and no amaxes are all-reduced.
 
-Left out: the amax history (5 values per GEMM, kilobytes), Blackwell's native columnwise access (one FP8 copy
-instead of two), TE's fusion of a norm with the following cast.
+Two block-scaled recipes (`Layout.fp8_recipe` "mxfp8", "nvfp4"; `--precision mxfp8|nvfp4`), priced as
+Transformer Engine runs them (NVIDIA/TransformerEngine @d0067d0, transformer_engine/common/recipe/__init__.py,
+docs/features/low_precision_training/{mxfp8,nvfp4}): the same GEMMs as above — Fprop, Dgrad and Wgrad of every
+linear layer — at the format's peak (`gpu_mxfp8_peak_tflops`, `gpu_nvfp4_peak_tflops`) and its kernels'
+sustained share of it (`ClusterSpec.low_precision_matmul_efficiency`), the casts as HBM traffic beside them:
+- `mxfp8` — MXFP8BlockScaling: E4M3 elements with one E8M0 (power-of-two) scale per 32 consecutive values,
+  1 + 1/32 bytes per element. A tensor used both ways (a linear input: rowwise for Fprop, columnwise for Wgrad;
+  an output gradient: rowwise for Dgrad, columnwise for Wgrad; a weight: rowwise for Fprop, columnwise for
+  Dgrad) is quantized twice from the bf16 tensor — 1×32 and 32×1 blocks are numerically different, so the
+  columnwise copy is no transpose of the rowwise one (mxfp8.rst) — in one pass: e + 2·(1 + 1/32) bytes per
+  element, one kernel. Scales are local to their block: no amax, no all-reduce. Weights as in `delayed`: cast
+  once per optimizer step, both copies kept between micro-batches; the saved linear input is the columnwise copy.
+- `nvfp4` — NVFP4BlockScaling: E2M1 elements (half a byte), one E4M3 scale per 16 values and one FP32 scale
+  per tensor, 0.5 + 1/16 bytes per element. The per-tensor scale needs the tensor's amax first ("the extra
+  memory pass for per-tensor amax computation", docs/examples/gemm_profiling), so each cast reads the bf16
+  tensor twice (the amax, then the quantization) and writes both copies: 2e + 2·(0.5 + 1/16) bytes, two
+  kernels. The default recipe applies a 16×16 random Hadamard transform to the Wgrad operands (the
+  columnwise copies of inputs and output gradients) and stochastic rounding to the gradients — both fused
+  into the cast, arithmetic on data already read, so no further bytes — and quantizes weights in 16×16 blocks
+  (one quantization serves both directions, but the TN-only GEMM takes the columnwise copy stored transposed:
+  two copies).
+TE's measured B300 GEMMs (docs/examples/gemm_profiling/gemm_profiling.rst @8f2e635, a 5B model's 12 GEMMs per
+layer at 15,872 tokens) bound what these recipes gain: kernels alone run 1.83× (MXFP8) and 3.48× (NVFP4)
+faster than bf16, with TE's quantization inside each timed GEMM 1.42× and 1.98×. The cluster presets take the
+kernel-only shares as their efficiencies (the casts are priced here, not folded in): MXFP8's kernels reach
+1.829 × 2250/4500 = 0.915 of the bf16 GEMMs' share of their peak, NVFP4's 3.481 × 2250/13500 = 0.580.
+
+Left out: the amax history (5 values per GEMM, kilobytes), Blackwell's native columnwise access for the
+tensorwise recipes (one FP8 copy instead of two), TE's fusion of a norm with the following cast, the
+swizzle of block scales into cuBLAS's layout (fused into the cast unless an all-gather intervenes; scales are
+1/32 and 1/16 of the data), NVFP4's amax all-reduce over the tensor-parallel group for sequence-parallel
+inputs (one value per tensor, a latency), and the layers the NVFP4 paper keeps in bf16 for stability
+(Megatron's `first_last_layers_bf16`, off by default).
 """
 
 from __future__ import annotations
@@ -47,10 +78,49 @@ from typing import Literal
 
 from toolkit.plan.specs import ClusterSpec
 
-Recipe = Literal["delayed", "tensorwise"]
+Recipe = Literal["delayed", "tensorwise", "mxfp8", "nvfp4"]
 
 TE_COPIES = 2
-"""FP8 copies TE writes per cast on Hopper/Ada: rowwise and the physically transposed columnwise one."""
+"""FP8 copies TE writes per cast on Hopper/Ada: rowwise and the physically transposed columnwise one (and,
+block-scaled, the rowwise and columnwise quantizations)."""
+
+
+@dataclass(frozen=True)
+class BlockScaled:
+    """A block-scaled format as TE's recipe casts it (module docstring)."""
+
+    element_bytes: float
+    """Stored bytes per element: the payload plus its share of the block scale."""
+    reads: int
+    """Passes over the bf16 tensor per cast: the quantization, and before it the amax for a per-tensor scale."""
+
+
+BLOCK_SCALED: dict[str, BlockScaled] = {
+    "mxfp8": BlockScaled(element_bytes=1 + 1 / 32, reads=1),
+    "nvfp4": BlockScaled(element_bytes=0.5 + 1 / 16, reads=2),
+}
+"""MXFP8: an E4M3 byte and an E8M0 scale per 32; NVFP4: an E2M1 nibble and an E4M3 scale per 16 (the FP32
+per-tensor scale is negligible)."""
+
+
+def gemm_format(recipe: Recipe) -> str:
+    """The precision whose peak a recipe's GEMMs run at: fp8 for the tensorwise recipes, else the recipe's."""
+    return recipe if recipe in BLOCK_SCALED else "fp8"
+
+
+def operand_bytes(recipe: Recipe) -> float:
+    """Bytes per element of a GEMM operand in the recipe's format (scales included)."""
+    return BLOCK_SCALED[recipe].element_bytes if recipe in BLOCK_SCALED else 1.0
+
+
+def saved_input_bytes(recipe: Recipe | None) -> float:
+    """Bytes per element of the copy of a linear layer's input that Transformer Engine saves for Wgrad (0: the
+    runtime saves its bf16 input): the FP8 one in `delayed`, the columnwise block-scaled one in mxfp8/nvfp4."""
+    if recipe == "delayed":
+        return 1.0
+    return BLOCK_SCALED[recipe].element_bytes if recipe in BLOCK_SCALED else 0.0
+
+
 EAGER_CAST_BYTES = 33
 """Bytes per bf16 element of one eager torchao cast: abs (read 2, write 2), max (2), to fp32 (2 + 4), × scale
 (4 + 4), clamp (4 + 4), to fp8 (4 + 1)."""
@@ -79,20 +149,30 @@ class Linear:
 
 @dataclass(frozen=True)
 class Fp8Gemms:
-    """Where a layout's linear GEMMs run: the FP8 peak, the share of it they sustain, and the recipe."""
+    """Where a layout's linear GEMMs run: the format's peak, the share of it they sustain, and the recipe."""
 
     peak: float
     efficiency: float
     recipe: Recipe
     compiled: bool = False
     """torchao's casts generated by torch.compile (`--fused-kernels` with `--fsdp`), not eager."""
+    operand_bytes: float = 1.0
+    """Bytes per element the GEMM reads of each operand (its memory roofline)."""
 
 
 def fp8_gemms(cluster: ClusterSpec, recipe: Recipe | None, compiled: bool = False) -> Fp8Gemms | None:
-    """The FP8 GEMM rate of `cluster` for a layout's recipe; None when the layout is not fp8."""
+    """The GEMM rate of `cluster` for a layout's recipe (FP8, MXFP8 or NVFP4); None when the linear layers
+    run in the training precision."""
     if recipe is None:
         return None
-    return Fp8Gemms(cluster.peak_flops("fp8"), cluster.fp8_matmul_efficiency(), recipe, compiled)
+    fmt = gemm_format(recipe)
+    return Fp8Gemms(
+        cluster.peak_flops(fmt),
+        cluster.low_precision_matmul_efficiency(fmt),
+        recipe,
+        compiled,
+        operand_bytes(recipe),
+    )
 
 
 @dataclass(frozen=True)
@@ -113,6 +193,11 @@ def cast_traffic(linears: list[Linear], e: int, recipe: Recipe, compiled: bool =
     inputs = sum(x.m * x.k for x in linears)
     grads = sum(x.m * x.n for x in linears)
     weights = sum(x.weights for x in linears)
+    if recipe in BLOCK_SCALED:
+        fmt = BLOCK_SCALED[recipe]
+        cast = fmt.reads * e + TE_COPIES * fmt.element_bytes
+        n = fmt.reads * len(linears)
+        return CastTraffic(inputs * cast, grads * cast, n, n, weights * cast)
     cast = e + TE_COPIES
     if recipe == "delayed":
         return CastTraffic(inputs * cast, grads * cast, len(linears), len(linears), weights * cast)
@@ -130,8 +215,11 @@ def cast_traffic(linears: list[Linear], e: int, recipe: Recipe, compiled: bool =
 
 
 def weight_copies_bytes(linears: list[Linear], blocks: int, recipe: Recipe | None) -> float:
-    """FP8 weight copies a rank keeps between micro-batches: TE's rowwise + columnwise workspace (2 bytes per
-    linear weight, performance_considerations.rst "Master weights"); torchao casts afresh and keeps none."""
+    """Low-precision weight copies a rank keeps between micro-batches: TE's rowwise + columnwise workspace (2
+    bytes per linear weight in FP8, performance_considerations.rst "Master weights"; two block-scaled copies
+    with their scales in mxfp8/nvfp4); torchao casts afresh and keeps none."""
+    if recipe in BLOCK_SCALED:
+        return blocks * TE_COPIES * BLOCK_SCALED[recipe].element_bytes * sum(x.weights for x in linears)
     if recipe != "delayed":
         return 0.0
     return blocks * TE_COPIES * sum(x.weights for x in linears)

@@ -42,7 +42,7 @@ def gemm_s(
     m: float,
     k: float,
     n: float,
-    e: int,
+    e: float,
     peak: float,
     cluster: ClusterSpec,
     efficiency: float | None = None,
@@ -62,7 +62,8 @@ def gemm_s(
 
 
 def linear_s(x: Linear, e: int, peak: float, cluster: ClusterSpec, fp8: Fp8Gemms | None) -> float:
-    """A linear layer's forward GEMM: in the training precision, or with FP8 operands and a bf16 result."""
+    """A linear layer's forward GEMM: in the training precision, or with FP8 (MXFP8, NVFP4) operands and a
+    bf16 result."""
     if fp8 is None:
         return gemm_s(x.m, x.k, x.n, e, peak, cluster)
-    return gemm_s(x.m, x.k, x.n, 1, fp8.peak, cluster, fp8.efficiency, out_e=e)
+    return gemm_s(x.m, x.k, x.n, fp8.operand_bytes, fp8.peak, cluster, fp8.efficiency, out_e=e)

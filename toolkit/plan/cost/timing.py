@@ -136,7 +136,7 @@ def _micro_comm_s(model: ModelSpec, cluster: ClusterSpec, layout: Layout, load: 
         per_call = sp_all_to_all_bytes(model, layout, 1, e) / passes
         t += passes * load.n_blocks * comm.all_to_all_s(per_call, g["sp"], cluster)
     if layout.pp > 1:
-        crosses = layout.tp * layout.sp * layout.dp >= cluster.gpus_per_node
+        crosses = comm.crosses_network(layout.tp * layout.sp * layout.dp, cluster)
         # activations forward and their gradients backward; Megatron's scatter/gather sends 1/t per rank; an
         # interleaved schedule sends at every one of a rank's v chunk boundaries
         t += 2 * layout.virtual_stages * comm.p2p_s(tokens * h * e / layout.tp, crosses, cluster)

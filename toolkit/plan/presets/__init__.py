@@ -34,21 +34,28 @@ def gpu_table() -> dict[str, dict[str, Any]]:
     return yaml.safe_load((PRESET_DIR / "gpus.yaml").read_text())
 
 
+def _whole_word(text: str, name: str) -> bool:
+    """`text` occurs in `name` (case-insensitive) with no letter or digit touching either end: "NVIDIA L4"
+    must not claim an L40, "NVIDIA A10" an A10G, nor "B200" a GB200."""
+    return re.search(rf"(?<![A-Za-z0-9]){re.escape(text)}(?![A-Za-z0-9])", name, re.IGNORECASE) is not None
+
+
 def match_gpu(name: str) -> tuple[str, dict[str, Any]] | None:
-    """The table entry whose `match` substring occurs in the nvidia-smi name (first wins), or None."""
+    """The table entry whose `match` substring occurs in the nvidia-smi (or rocm-smi/amd-smi) name as whole
+    words, and none of whose `exclude` names does (first wins), or None."""
     for key, entry in gpu_table().items():
-        for m in entry.get("match", []):
-            # whole words: "NVIDIA L4" must not claim an L40, nor "NVIDIA A10" an A10G
-            if re.search(rf"{re.escape(m)}(?![A-Za-z0-9])", name, re.IGNORECASE):
-                return key, entry
+        if any(_whole_word(x, name) for x in entry.get("exclude", [])):
+            continue
+        if any(_whole_word(m, name) for m in entry.get("match", [])):
+            return key, entry
     return None
 
 
 def cluster_gpu_fields(key: str, entry: dict[str, Any]) -> dict[str, Any]:
     """A gpus.yaml entry as the per-GPU fields of a cluster description: the 16-bit tensor peak (bf16, or
-    fp16 where the GPU has no bf16), fp32 and fp8 peaks, HBM bandwidth, SMs, board power, and the memory a
-    process can allocate (`usable_memory_gib`, where the table has it; a cluster description gives
-    `gpu_memory_gib` itself otherwise)."""
+    fp16 where the GPU has no bf16), fp32, fp8, MXFP8 and NVFP4 peaks (those the GPU has), HBM bandwidth, SMs,
+    board power, and the memory a process can allocate (`usable_memory_gib`, where the table has it; a cluster
+    description gives `gpu_memory_gib` itself otherwise)."""
     native = bool(entry.get("bf16_native")) and entry.get("bf16_tflops") is not None
     out: dict[str, Any] = {
         "gpu_peak_tflops": entry["bf16_tflops"] if native else entry["fp16_tflops"],
@@ -57,8 +64,13 @@ def cluster_gpu_fields(key: str, entry: dict[str, Any]) -> dict[str, Any]:
         "gpu_sm_count": entry["sm_count"],
         "gpu_power_w": entry["tdp_w"],
     }
-    if entry.get("fp8_tflops") is not None:
-        out["gpu_fp8_peak_tflops"] = entry["fp8_tflops"]
+    for column, field in (
+        ("fp8_tflops", "gpu_fp8_peak_tflops"),
+        ("mxfp8_tflops", "gpu_mxfp8_peak_tflops"),
+        ("nvfp4_tflops", "gpu_nvfp4_peak_tflops"),
+    ):
+        if entry.get(column) is not None:
+            out[field] = entry[column]
     if entry.get("usable_memory_gib") is not None:
         out["gpu_memory_gib"] = entry["usable_memory_gib"]
     return out
