@@ -22,15 +22,19 @@ def run(args: argparse.Namespace) -> int:
 
     keep_large_blocks_in_mmap()  # before torch is imported: see its docstring
 
+    from toolkit.run.folders import claim_on_rank
     from toolkit.run.preflight import prepare_run
     from toolkit.run.runtime import adopt_slurm_task
     from toolkit.run.session import main
 
-    adopt_slurm_task()  # a rank srun started (DeepSpeed's slurm backend) knows its place from SLURM's variables
+    adopt_slurm_task()  # a rank srun started knows its place from SLURM's variables
     run, notes = prepare_run(args, world=int(os.environ.get("WORLD_SIZE", "1")))
+    held = claim_on_rank(args)  # rank 0: the run and checkpoint folders are this job's (or its launcher's)
     if os.environ.get("RANK", "0") == "0" and not os.environ.get(PREFLIGHT_DONE):
         for note in notes:  # dstk launch said them already when it set PREFLIGHT_DONE
             print(f"dstk train: note: {note}", flush=True)
+    for note in held:
+        print(f"dstk train: note: {note}", flush=True)
     os.environ.setdefault("WANDB_MODE", "offline")  # offline unless the user configured wandb
     summary = main(run)
     # stopped by SIGTERM/SIGINT (at a step boundary, checkpoint written): 128 + the signal, the shell convention

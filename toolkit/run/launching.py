@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import time
@@ -17,33 +18,27 @@ from typing import Any
 DEFAULT_PORT = 29500
 
 
-def rendezvous_port(asked: int | None, probe: bool) -> int:
-    """The port the job rendezvous on. A busy one fails only after every rank started (~30 s, an "address
-    already in use" traceback per rank); on one node dstk can see that first: a port the user named is refused
-    in one line, the default is replaced by a free one (said on stderr)."""
-    import socket
+def rendezvous_port(asked: int | None, probe: bool, token: str = "") -> tuple[int, Any]:
+    """The port the job rendezvous on, and its reservation (None where there is nothing to reserve). A busy
+    one fails only after every rank started (~30 s, then "address already in use" on rank 0); on one node dstk
+    can see that first, and holds the port's lock file until the job ends, so another dstk launch starting
+    meanwhile cannot pick the port its ranks have not bound yet (toolkit.launcher.lock.reserve_port). A port
+    the user named that is taken is refused in one line; the default is replaced by a free one (said)."""
+    from toolkit.launcher.lock import Lock, free_port_reserved, reserve_port
 
     port = asked or DEFAULT_PORT
     if not probe:
-        return port
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("", port))
-            return port
-        except OSError:
-            pass
+        return port, None
+    got = reserve_port(port, token)
+    if isinstance(got, Lock):
+        return port, got
     if asked is not None:
         from toolkit.errors import UserError
 
-        raise UserError(
-            f"--master-port: {port} is in use on this host (another job?); pick another, or omit it"
-        )
-    with socket.socket() as s:
-        s.bind(("", 0))
-        free = s.getsockname()[1]
-    print(f"dstk launch: port {port} is in use; the job rendezvous on {free}", file=sys.stderr)
-    return free
+        raise UserError(f"--master-port: {port} is in use on this host ({got}); pick another, or omit it")
+    free, lock = free_port_reserved(token)
+    print(f"dstk launch: port {port} is taken ({got}); the job rendezvous on {free}", file=sys.stderr)
+    return free, lock
 
 
 def train_parser() -> argparse.ArgumentParser:
@@ -62,12 +57,18 @@ def preflight(path: Path, cluster: Any, train_args: list[str]) -> tuple[Any, lis
     prepared for another model, an unwritable checkpoint folder, a resume onto other data, a bad batch fail
     here in seconds with one line, not on every rank after start-up. Returns the checked TrainRun and the
     notes to say once."""
+    import os
+
     from toolkit.errors import UserError
     from toolkit.integrations.ds_input import read_ds_config
     from toolkit.integrations.validate import validate_config
+    from toolkit.launcher.lock import TOKEN_ENV
+    from toolkit.run.folders import hold, train_folders
     from toolkit.run.preflight import prepare_run
 
     train = train_parser().parse_args([*train_args, "--config", str(path)])
+    # another job in these folders is named first, whatever else is wrong (nothing taken yet)
+    hold(train_folders(train.run_dir, train.checkpoint_dir), os.environ.get(TOKEN_ENV, ""), dry_run=True)
     run, notes = prepare_run(train, cluster.world_size, cluster)
     cfg = read_ds_config(path)
     verdict = validate_config(cfg, cluster.world_size, cluster.accelerator)
@@ -92,6 +93,11 @@ def program_of(args: argparse.Namespace, cluster_file: Path, cluster: Any = None
     if program and program[0] == "--":
         program = program[1:]
     if program and (program[0] in ("-m", "--module") or program[0].endswith(".py")):
+        if args.config is not None:  # it would reach no rank: dstk launch passes --config to dstk train only
+            raise UserError(
+                f"--config: dstk launch gives it to dstk train, not to {program[0] if program[0].endswith('.py') else 'a module'}; "
+                "pass your script its config after -- (e.g. -- train.py --deepspeed_config FILE)"
+            )
         return program, None
     if args.config is None:
         if "--config" in program:  # a train flag, as dstk train takes it: dstk launch passes it on itself
@@ -294,8 +300,12 @@ def launch(args: argparse.Namespace, cluster: Any) -> int:
             "--elastic: for a job on several nodes reached over pdsh/ssh (launcher: pdsh in the cluster file); "
             f"this one has {cluster.nodes} node(s), launcher {cluster.launcher}"
         )
+    import uuid
+
+    from toolkit.launcher.lock import TOKEN_ENV
     from toolkit.paths import output_dir, output_file
 
+    os.environ[TOKEN_ENV] = uuid.uuid4().hex  # this job's: its ranks find their folders locked under it
     output_dir(args.run_dir, "--run-dir")
     if args.slurm is not None:
         output_file(args.slurm, "--slurm")
@@ -304,21 +314,50 @@ def launch(args: argparse.Namespace, cluster: Any) -> int:
 
     hostfile_text(cluster)  # its host names are checked first, before the train command
     program, train = program_of(args, args.run_dir / "cluster.yaml", cluster)
-    args.master_port = rendezvous_port(args.master_port, cluster.nodes == 1 and not args.dry_run)
-    first = make_attempt(args, cluster, program, train)
-    if args.dry_run:  # the files the printed command names are written, so it runs as printed
-        print(first.shell)
-        return 0
-    _warn_before_start(first, cluster)
-    supervisor = Supervisor(
-        max_restarts=args.max_restarts,
-        hang_timeout_s=hang_timeout(args.hang_timeout, cluster, train),
-        events=args.run_dir / "launch_events.jsonl",
-        elastic=(lambda a, lost: shrink_to(args, train, a, lost)) if args.elastic else None,
-        after=(lambda: remove_shm_buffers(args.master_port)) if cluster.nodes == 1 else (lambda: None),
-        stopped=lambda signum: say_where_it_stopped(signum, program),
-    )
-    return supervisor.run(first)
+    locks = _hold_folders(args, train)
+    try:
+        args.master_port, port = rendezvous_port(
+            args.master_port, cluster.nodes == 1 and not args.dry_run, os.environ[TOKEN_ENV]
+        )
+        locks += [port] if port is not None else []
+        first = make_attempt(args, cluster, program, train)
+        if args.dry_run:  # the files the printed command names are written, so it runs as printed
+            print(first.shell)
+            return 0
+        _warn_before_start(first, cluster)
+        supervisor = Supervisor(
+            max_restarts=args.max_restarts,
+            hang_timeout_s=hang_timeout(args.hang_timeout, cluster, train),
+            events=args.run_dir / "launch_events.jsonl",
+            elastic=(lambda a, lost: shrink_to(args, train, a, lost)) if args.elastic else None,
+            after=(lambda: remove_shm_buffers(args.master_port)) if cluster.nodes == 1 else (lambda: None),
+            stopped=lambda signum: say_where_it_stopped(signum, program),
+        )
+        return supervisor.run(first)
+    finally:
+        for lock in locks:
+            lock.release()
+
+
+def _hold_folders(args: argparse.Namespace, train: Any) -> list[Any]:
+    """The job's folders (this launch's run folder, dstk train's run and checkpoint folders) locked for the
+    whole job, its ranks given the token that says the locks are theirs (toolkit.launcher.lock); a dry run
+    only refuses folders another job holds. Stale locks taken over are said."""
+    from toolkit.launcher.lock import TOKEN_ENV
+    from toolkit.run.folders import hold, train_folders
+
+    folders = [(args.run_dir, "dstk launch --run-dir")]
+    if train is not None:
+        seen = {args.run_dir.resolve()}
+        folders += [
+            (f, flag)
+            for f, flag in train_folders(train.run_dir, train.checkpoint_dir)
+            if f.resolve() not in seen
+        ]
+    locks, notes = hold(folders, os.environ[TOKEN_ENV], dry_run=args.dry_run)
+    for note in notes:
+        print(f"dstk launch: note: {note}", file=sys.stderr, flush=True)
+    return locks
 
 
 def _warn_before_start(first: Any, cluster: Any) -> None:

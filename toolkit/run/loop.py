@@ -22,6 +22,7 @@ from toolkit.errors import UserError
 from toolkit.plan.layout import Layout, data_parallel_size
 from toolkit.plan.specs import ModelSpec
 from toolkit.run.comms_log import CommsTally
+from toolkit.run.data_fit import at_seq_length
 from toolkit.run.engine_state import held_bytes
 from toolkit.run.evaluate import evaluate
 from toolkit.run.heartbeat import NO_BEAT
@@ -121,9 +122,8 @@ class Trainer:
         self._grad_norm: Any = None
         self.record = Record()
         tokens = layout.global_batch_size * self.train_data.seq_length
-        self.meter = Meter(
-            model, rt.world_size, tokens, peak_flops, warmup=LEAN_STEPS, frozen=layout.lora is not None
-        )
+        trained = at_seq_length(model, self.train_data.seq_length)  # the data's rows, not the model's
+        self.meter = Meter(trained, rt.world_size, tokens, peak_flops, LEAN_STEPS, layout.lora is not None)
         self.channel = StepChannel(rt)
         """Each step's loss, gradient norm, stop request and time, read back one step behind
         (toolkit.run.step_sync)."""

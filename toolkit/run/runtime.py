@@ -173,6 +173,9 @@ def exit_without_teardown(code: int = 0) -> None:
     import os
     import sys
 
+    from toolkit.launcher.lock import release_all
+
+    release_all()  # the folders this rank locked (os._exit skips atexit)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

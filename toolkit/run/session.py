@@ -185,6 +185,23 @@ def _resume_tag(ckpt: Any, run: TrainRun) -> str | None:
     return run.resume
 
 
+def _fresh_start(run: TrainRun) -> None:
+    """A run that starts at step 0 (rank 0): an earlier run's checkpoints removed when
+    --overwrite-checkpoints says so (the pre-flight refused them otherwise), its records in the run folder
+    set aside, each said once (toolkit.run.folders)."""
+    from toolkit.run.folders import remove_checkpoints, set_aside_records
+
+    if run.overwrite_checkpoints and run.checkpoint_dir is not None:
+        removed = remove_checkpoints(run.checkpoint_dir)
+        if removed:
+            print(
+                f"--overwrite-checkpoints: removed {', '.join(removed)} from {run.checkpoint_dir}", flush=True
+            )
+    note = set_aside_records(run.run_dir)
+    if note:
+        print(f"note: {note}", flush=True)
+
+
 def main(run: TrainRun) -> dict[str, Any]:
     import contextlib
     import warnings
@@ -245,6 +262,8 @@ def main(run: TrainRun) -> dict[str, Any]:
         mpu = ulysses.register(model, layout) if layout.sp > 1 else None
         ckpt = _tiers(run, rt.rank)
         tag = _resume_tag(ckpt, run)
+        if tag is None and rt.is_main:
+            _fresh_start(run)
         if ckpt is not None and tag is None and run.loop.crash_at_step and rt.rank == run.loop.crash_rank:
             ckpt.crash = (run.loop.crash_at_step, run.loop.crash_during)  # test-only, as --crash-at-step
         config = _monitors_under(without_idle_comms_logger(run.config), run.run_dir)
