@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="dstk", description="DeepSpeed integration toolkit: plan, generate, run, benchmark."
     )
-    parser.add_argument("--version", action="version", version=f"dstk {__version__}")
+    parser.add_argument("-V", "--version", action="version", version=f"dstk {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=OneLineParser)
     for name, (module, summary) in VERBS.items():
         verb = sub.add_parser(name, help=summary, description=summary)
@@ -93,13 +93,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         build_parser().print_help()
         return 2
     try:
-        return int(importlib.import_module(f"toolkit.commands.{args._module}").run(args) or 0)
+        code = int(importlib.import_module(f"toolkit.commands.{args._module}").run(args) or 0)
+        sys.stdout.flush()  # a reader that left (`| head`) is met here, not at interpreter exit
+        return code
     except UserError as exc:
         if not _quiet_rank(args.verb):
             print(f"dstk {args.verb}: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `dstk ... | head`: the reader left, nothing is wrong
-        sys.stderr.close()
+        _stdout_to_devnull()
         return 0
     except OSError as exc:
         if exc.filename is None:  # not about a path the user gave: a bug, keep its traceback
@@ -120,6 +122,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+
+
+def _stdout_to_devnull() -> None:
+    """After a broken pipe, what Python still has buffered for stdout would fail again at exit (status 120,
+    "Exception ignored … BrokenPipeError"): point the descriptor at /dev/null instead (Python's own advice,
+    docs.python.org/3/library/signal.html#note-on-sigpipe)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _quiet_rank(verb: str | None) -> bool:
