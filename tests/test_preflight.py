@@ -90,7 +90,7 @@ def test_a_busy_port_is_replaced_or_named_before_any_rank_starts(tmp_path: Path)
         port = busy.getsockname()[1]
         with pytest.raises(UserError, match=f"--master-port: {port} is in use on this host .another program"):
             _rendezvous_port(port, probe=True)
-        free, lock = _rendezvous_port(None, probe=True)  # the default 29500 here, or a free one if that is busy
+        free, lock = _rendezvous_port(None, probe=True)  # 29500, or a free one if that is busy
         assert free != port and lock is not None
         # a multi-node rendezvous is not this host's to probe
         assert _rendezvous_port(port, probe=False) == (port, None)

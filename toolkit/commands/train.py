@@ -19,7 +19,9 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     from toolkit.run.runtime import keep_large_blocks_in_mmap
+    from toolkit.run.stop import StopRequest
 
+    StopRequest.listen_early()  # SLURM's time-limit warning may come while the rank starts up
     keep_large_blocks_in_mmap()  # before torch is imported: see its docstring
 
     from toolkit.run.folders import claim_on_rank

@@ -41,17 +41,25 @@ def rendezvous_port(asked: int | None, probe: bool, token: str = "") -> tuple[in
     return free, lock
 
 
-def train_parser() -> argparse.ArgumentParser:
-    """`dstk train`'s own parser (its flags from commands/train.py), to judge the arguments after `--`."""
+def train_parser(launch_flags: tuple[str, ...] = ()) -> argparse.ArgumentParser:
+    """`dstk train`'s own parser (its flags from commands/train.py), to judge the arguments after `--`; one of
+    `launch_flags` found there belongs before `--`."""
     from toolkit.commands import OneLineParser
     from toolkit.run.train_flags import add_train_arguments
 
     parser = OneLineParser(prog="dstk launch: after --: dstk train")
     add_train_arguments(parser)
+    mine = {f for a in parser._actions for f in a.option_strings}
+    parser.other_side = (
+        lambda: [f for f in launch_flags if f not in mine],
+        "a dstk launch flag: put it before -- (dstk launch [launch flags] -- [train flags])",
+    )
     return parser
 
 
-def preflight(path: Path, cluster: Any, train_args: list[str]) -> tuple[Any, list[str]]:
+def preflight(
+    path: Path, cluster: Any, train_args: list[str], launch_flags: tuple[str, ...] = ()
+) -> tuple[Any, list[str]]:
     """Everything the ranks would check (toolkit.run.preflight) and DeepSpeed's verdict on the config for the
     world about to start, before any rank starts or a script is written: a misspelt train flag, data
     prepared for another model, an unwritable checkpoint folder, a resume onto other data, a bad batch fail
@@ -66,7 +74,7 @@ def preflight(path: Path, cluster: Any, train_args: list[str]) -> tuple[Any, lis
     from toolkit.run.folders import hold, train_folders
     from toolkit.run.preflight import prepare_run
 
-    train = train_parser().parse_args([*train_args, "--config", str(path)])
+    train = train_parser(launch_flags).parse_args([*train_args, "--config", str(path)])
     # another job in these folders is named first, whatever else is wrong (nothing taken yet)
     hold(train_folders(train.run_dir, train.checkpoint_dir), os.environ.get(TOKEN_ENV, ""), dry_run=True)
     run, notes = prepare_run(train, cluster.world_size, cluster)
@@ -109,7 +117,7 @@ def program_of(args: argparse.Namespace, cluster_file: Path, cluster: Any = None
     input_file(args.config, "--config", "a DeepSpeed JSON config")
     run = None
     if cluster is not None and not (args.include or args.exclude):
-        run, notes = preflight(args.config, cluster, program)
+        run, notes = preflight(args.config, cluster, program, getattr(args, "_launch_flags", ()))
         for note in notes:
             print(f"dstk launch: note: {note}", file=sys.stderr, flush=True)
         os.environ[PREFLIGHT_DONE] = "1"  # the ranks need not say the notes again
@@ -233,55 +241,6 @@ def default_job_name(program: list[str]) -> str:
     return "dstk"
 
 
-def write_slurm(args: argparse.Namespace, cluster: object) -> int:
-    """Write the sbatch script (and the run directory's cluster.yaml the job reads); start nothing."""
-    import os
-
-    import yaml
-
-    from toolkit.launcher.slurm import SlurmOptions, sbatch_script
-
-    run_dir = args.run_dir.resolve()
-    from toolkit.launcher.command import rank_env_file
-
-    ranks_env = rank_env_file(cluster, dict(os.environ), run_dir)
-    program, _ = program_of(args, run_dir / "cluster.yaml", cluster)
-    options = SlurmOptions(
-        job_name=args.job_name or default_job_name(program),
-        time=args.time,
-        partition=args.partition,
-        account=args.account,
-        cpus_per_task=args.cpus_per_task,
-        gres=args.gres,
-    )
-    script = sbatch_script(
-        cluster,  # type: ignore[arg-type]
-        program,
-        run_dir=run_dir,
-        workdir=Path(os.getcwd()),
-        options=options,
-        master_port=args.master_port or DEFAULT_PORT,
-        include=args.include,
-        exclude=args.exclude,
-        max_restarts=args.max_restarts,
-        env_file=ranks_env[0] if ranks_env is not None else None,
-        bin_dir=Path(sys.executable).parent if (Path(sys.executable).parent / "deepspeed").exists() else None,
-    )
-    run_dir.mkdir(parents=True, exist_ok=True)  # sbatch opens --output there before the script starts
-    if ranks_env is not None:
-        ranks_env[0].write_text(ranks_env[1])
-    (run_dir / "cluster.yaml").write_text(
-        yaml.safe_dump(cluster.model_dump(exclude_none=True), sort_keys=False)  # type: ignore[attr-defined]
-    )
-    args.slurm.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.slurm.with_name(args.slurm.name + ".tmp")
-    tmp.write_text(script, encoding="utf-8")
-    tmp.chmod(0o755)
-    tmp.replace(args.slurm)
-    print(f"wrote {args.slurm}; submit it with: sbatch {shlex.quote(str(args.slurm))}")
-    return 0
-
-
 def event(path: Path, record: dict[str, object]) -> None:
     with path.open("a", encoding="utf-8") as f:
         f.write(json.dumps({"time": time.time(), **record}) + "\n")
@@ -309,6 +268,8 @@ def launch(args: argparse.Namespace, cluster: Any) -> int:
     output_dir(args.run_dir, "--run-dir")
     if args.slurm is not None:
         output_file(args.slurm, "--slurm")
+        from toolkit.run.slurm_job import write_slurm
+
         return write_slurm(args, cluster)
     from toolkit.launcher.command import hostfile_text
 

@@ -274,7 +274,7 @@ class Trainer:
         gb = self.layout.global_batch_size
         fault = next((f for f in self.faults if f.fires(self.step + 1, self.position, gb)), None)
         if fault is not None and fault.kind == "slow":
-            time.sleep(0.5)
+            time.sleep(fault.seconds)
         aux: list[Any] = []
         self.channel.begin()
         if self.layout.pp > 1:
@@ -304,9 +304,8 @@ class Trainer:
             self.record.aux_losses.extend(rec.aux)
             self.meter.add(rec.seconds, rec.period)
             self.stragglers.add(rec.step, rec.period, rec.alone)
-            if rec.stop and not self.stopped_by:
-                # SIGTERM's convention when another rank got it first
-                self.stopped_by = (self.stop.signum if self.stop is not None else 0) or 15
+            if rec.stop and not self.stopped_by:  # the asking ranks' signal, else SIGTERM's convention
+                self.stopped_by = rec.signum or (self.stop.signum if self.stop is not None else 0) or 15
             self.last = rec
         return self.last
 
