@@ -68,7 +68,6 @@ def timing(train: Any, cluster: Any) -> tuple[float, float] | None:
     from toolkit.integrations.ds_layout import layout_from_config
     from toolkit.plan.checkpoint_interval import checkpoint_plan
     from toolkit.plan.cost.estimate import estimate
-
     from toolkit.run.data_fit import at_seq_length
     from toolkit.run.preflight import data_fingerprint
 
