@@ -144,7 +144,8 @@ def test_a_slow_fault_can_name_one_rank() -> None:
     assert Fault.parse("3:nan") == Fault(3, "nan", False, None)
     for bad in ("2:nan@1", "2:slow@x", "0:slow"):
         with pytest.raises(
-            UserError, match=r"--inject-fault: expected STEP\[\+\]:nan\|spike\|slow\[=S\]\[@RANK\]"
+            UserError,
+            match=r"--inject-fault: expected STEP\[\+\]:nan\|spike\|slow\[=S\]\[@RANK\]\[,first-run\]",
         ):
             Fault.parse(bad)
 

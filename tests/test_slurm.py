@@ -24,7 +24,7 @@ import pytest
 from tests.cli import dstk
 from toolkit.errors import UserError
 from toolkit.launcher.command import HOSTNAME, launcher_argv
-from toolkit.launcher.slurm import BASH_HOSTNAME, RANK_ENV, STOP_MARGIN_S
+from toolkit.launcher.slurm import BASH_HOSTNAME, IGNORE_USR1, RANK_ENV, STOP_MARGIN_S
 from toolkit.plan.load import load_cluster
 
 HOSTILE_WORDS = [
@@ -89,10 +89,12 @@ def _run_script(tmp_path: Path, script: Path, hosts: list[str]) -> subprocess.Co
     return subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
 
 
-def _ranks(nodes: int, per_node: int, *program: str) -> list[str]:
-    """What srun gets: one task per rank, each setting torch.distributed's variables from SLURM's."""
+def _ranks(nodes: int, per_node: int, *program: str, usr1: bool = False) -> list[str]:
+    """What srun gets: one task per rank, each setting torch.distributed's variables from SLURM's (and, for
+    dstk train, ignoring SIGUSR1 until it listens for it)."""
     tasks = [f"--nodes={nodes}", f"--ntasks-per-node={per_node}", "--kill-on-bad-exit=1"]
-    return [*tasks, "bash", "-c", RANK_ENV, "dstk-rank", sys.executable, *program]
+    wrapper = (IGNORE_USR1 if usr1 else "") + RANK_ENV
+    return [*tasks, "bash", "-c", wrapper, "dstk-rank", sys.executable, *program]
 
 
 def _argv(path: Path) -> list[str]:
@@ -151,7 +153,7 @@ def test_single_node_hostile_paths_and_arguments_reach_srun_as_exact_words(tmp_p
     assert _argv(tmp_path / "scontrol.argv") == ["show", "hostnames", "node[1-2]"]
     absolute = [*train[:-1], str(tmp_path / "ckpt"), "--config", str(cfg)]
     assert _argv(tmp_path / "srun.argv") == _ranks(
-        1, 4, "-m", "toolkit.cli", "train", *absolute, "--cluster", str(run_dir / "cluster.yaml")
+        1, 4, "-m", "toolkit.cli", "train", *absolute, "--cluster", str(run_dir / "cluster.yaml"), usr1=True
     )
     assert (tmp_path / "srun.argv.env").read_text() == "gpu-node-7:29500\n"
     assert (run_dir / "cluster.yaml").is_file()
@@ -164,7 +166,7 @@ def test_single_node_hostile_paths_and_arguments_reach_srun_as_exact_words(tmp_p
         "--", user_script, *extra,
     )  # fmt: skip
     assert r.code == 0, r.err
-    assert "--signal" not in script.read_text() and "--requeue" not in script.read_text()
+    assert not re.search("--signal|--requeue|USR1", script.read_text())
     proc = _run_script(tmp_path, script, ["gpu-node-7"])
     assert proc.returncode == 0, proc.stderr
     assert _argv(tmp_path / "srun.argv") == _ranks(1, 4, user_script, *extra)
@@ -232,11 +234,11 @@ def test_restart_loop_resumes_after_a_failure(tmp_path, monkeypatch) -> None:
 def test_the_time_limit_warning_checkpoints_requeues_and_the_requeued_job_resumes(
     tmp_path, monkeypatch
 ) -> None:
-    """SIGUSR1 to the batch shell (SLURM's B:USR1 before the time limit) reaches srun while it runs; srun
-    ending with 138 (the ranks stopped at a checkpoint) makes the script requeue its job, and the same script
-    started again with SLURM_RESTART_COUNT runs the resuming command (--resume auto, and never
-    --overwrite-checkpoints again). Ending otherwise after the warning is not requeued. (tests/test_multinode.py
-    runs this on a real SLURM cluster.)"""
+    """SIGUSR1 to the batch shell (SLURM's B:USR1 before the time limit) is passed to the job's ranks with
+    `scancel --signal=USR1 JOB` while srun runs; srun ending with 138 (the ranks stopped at a checkpoint)
+    makes the script requeue its job, and the same script started again with SLURM_RESTART_COUNT runs the
+    resuming command (--resume auto, and never --overwrite-checkpoints again). Ending otherwise after the
+    warning is not requeued. (tests/test_multinode.py runs this on a real SLURM cluster.)"""
     monkeypatch.chdir(tmp_path)
     cfg = tmp_path / "ds.json"
     cfg.write_text('{"train_micro_batch_size_per_gpu": 1}')
@@ -249,11 +251,15 @@ def test_the_time_limit_warning_checkpoints_requeues_and_the_requeued_job_resume
     assert r.code == 0, r.err
     bin_dir = _fake_bin(tmp_path)
     log = tmp_path / "log"
-    # srun: says it started, waits for USR1, then exits as the ranks do (with $SRUN_EXIT)
+    # srun: says it started, waits for the ranks' USR1, then exits as the ranks do (with $SRUN_EXIT)
     (bin_dir / "srun").write_text(
         f"#!/bin/bash\necho \"srun $*\" >> {log}\ntrap 'echo got-usr1 >> {log}; exit $SRUN_EXIT' USR1\n"
-        f"touch {tmp_path}/started\nfor i in $(seq 400); do sleep 0.05; done\nexit 0\n"
+        f"echo $$ > {tmp_path}/started\nfor i in $(seq 400); do sleep 0.05; done\nexit 0\n"
     )
+    (bin_dir / "scancel").write_text(  # the ranks of the job: the fake srun
+        f'#!/bin/sh\necho "scancel $*" >> {log}\nkill -USR1 "$(cat {tmp_path}/started)"\n'
+    )
+    (bin_dir / "scancel").chmod(0o755)
     (bin_dir / "scontrol").write_text(
         f'#!/bin/sh\nif [ "$1" = requeue ]; then echo "requeue $2" >> {log}; else echo n1; fi\n'
     )
@@ -271,7 +277,7 @@ def test_the_time_limit_warning_checkpoints_requeues_and_the_requeued_job_resume
         job.send_signal(signal.SIGUSR1)
         _, err = job.communicate(timeout=30)
         said = log.read_text()
-        assert "got-usr1" in said, (said, err)
+        assert "scancel --signal=USR1 77" in said and "got-usr1" in said, (said, err)
         srun = next(line for line in said.splitlines() if line.startswith("srun "))
         if restart == "0":
             assert "--overwrite-checkpoints" in srun and "--resume" not in srun

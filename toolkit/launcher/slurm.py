@@ -19,9 +19,10 @@ file names for interactive launches: ranks started over pdsh/ssh from the batch 
 job step (no cgroup, no accounting, not reached by `scancel`, and ssh between compute nodes needed).
 
 A job longer than its time limit stops itself cleanly: `#SBATCH --signal=B:USR1@LEAD` has SLURM warn the batch
-shell LEAD seconds before the limit (up to a minute earlier: its time checks run every 30 s); the shell passes
-the signal to srun, which passes it to every rank; the ranks agree on a step, save a checkpoint there and exit
-138 (128 + SIGUSR1), and the shell requeues the job (`scontrol requeue`, `#SBATCH --requeue`), which starts the
+shell LEAD seconds before the limit (up to 30 s earlier: its time checks run every 30 s); the shell passes the
+signal to every rank (`scancel --signal=USR1` on the job's steps: srun dies of a USR1 that comes before its
+step is set up); the ranks agree on a step, save a checkpoint there and exit 138 (128 + SIGUSR1), and the
+shell requeues the job (`scontrol requeue`, `#SBATCH --requeue`), which starts the
 script again, under the same job id, with `SLURM_RESTART_COUNT` set: it then resumes from the newest complete
 checkpoint. A job that ends otherwise is not requeued.
 """
@@ -134,6 +135,9 @@ def sbatch_path(flag: str, directory: str, pattern: str) -> str:
 RANK_ENV = 'export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS"; exec "$@"'
 """What each srun task runs before the program: torch.distributed's variables from SLURM's (a fixed string; the
 program and its arguments follow as positional parameters, so nothing in them is re-parsed by a shell)."""
+IGNORE_USR1 = "trap '' USR1; "
+"""Before dstk train: SIGUSR1 ignored until the rank listens for it (toolkit.run.stop.StopRequest.listen_early),
+instead of ending a rank that is still starting (the default action). The ignored disposition survives exec."""
 STOPPED = 138
 """How a rank exits when SIGUSR1 stopped it at a checkpoint (128 + 10), and so srun."""
 
@@ -202,25 +206,23 @@ def _hosts_block(cluster: ClusterSpec) -> list[str]:
 
 
 _RANKS = [
-    "# SLURM's warning before the time limit reaches this shell only (B:): pass it on to the ranks (srun forwards",
-    "# it to every task), which save a checkpoint at the next step boundary and exit",
+    "# SLURM's warning before the time limit reaches this shell only (B:). It is passed to the ranks with scancel",
+    "# (srun itself dies of a USR1 that comes before it has set up its step), again every 10 s until they end:",
+    "# a rank ignores it until it can take it, then saves a checkpoint at the next step boundary and exits",
     "stop=0",
-    "step=",
-    "on_usr1() {",
-    "  stop=1",
-    '  if [[ -n "$step" ]]; then kill -USR1 "$step" 2> /dev/null || true; fi',
-    "}",
+    "on_usr1() { stop=1; }",
     "trap on_usr1 USR1",
     "run_ranks() {  # srun in the background, so that the trap runs while the shell waits for it",
     '  "$@" &',
-    "  step=$!",
-    '  if (( stop )); then kill -USR1 "$step" 2> /dev/null || true; fi',
-    "  local status=0",
-    "  while :; do",
-    '    wait "$step" && status=0 || status=$?',
-    '    kill -0 "$step" 2> /dev/null || break  # still running: the wait was cut short by the trap',
+    "  local step=$! status=0 sent=-10",
+    '  while kill -0 "$step" 2> /dev/null; do',
+    "    if (( stop && SECONDS - sent >= 10 )); then",
+    '      scancel --signal=USR1 "$SLURM_JOB_ID" || true',
+    "      sent=$SECONDS",
+    "    fi",
+    "    sleep 1",
     "  done",
-    "  step=",
+    '  wait "$step" || status=$?',
     '  return "$status"',
     "}",
 ]
@@ -239,7 +241,7 @@ def command_lines(argv: list[Word], indent: str = "  ", width: int = 100) -> str
     return f" \\\n{indent}".join(lines)
 
 
-def srun_argv(cluster: ClusterSpec, program: list[str], python: str) -> list[Word]:
+def srun_argv(cluster: ClusterSpec, program: list[str], python: str, usr1: bool = False) -> list[Word]:
     """One srun task per rank, each running `program` (dstk train's arguments, a `.py` script and its arguments,
     or `-m MODULE ...`) with the torch.distributed variables set from SLURM's (RANK_ENV)."""
     if program and program[0] in ("-m", "--module"):
@@ -251,7 +253,7 @@ def srun_argv(cluster: ClusterSpec, program: list[str], python: str) -> list[Wor
     else:
         words = [python, "-m", "toolkit.cli", "train", *program]
     tasks = [f"--nodes={cluster.nodes}", f"--ntasks-per-node={cluster.gpus_per_node}", "--kill-on-bad-exit=1"]
-    return ["srun", *tasks, "bash", "-c", RANK_ENV, "dstk-rank", *words]
+    return ["srun", *tasks, "bash", "-c", (IGNORE_USR1 if usr1 else "") + RANK_ENV, "dstk-rank", *words]
 
 
 def sbatch_script(
@@ -279,8 +281,9 @@ def sbatch_script(
         raise UserError("--max-restarts: must not be negative")
     if resume is None:
         resume = program if "--resume" in program else [*program, "--resume", "auto"]
-    first = command_lines(srun_argv(cluster, program, python), indent="    ")
-    again = command_lines(srun_argv(cluster, resume, python), indent="    ")
+    usr1 = lead_s is not None
+    first = command_lines(srun_argv(cluster, program, python, usr1), indent="    ")
+    again = command_lines(srun_argv(cluster, resume, python, usr1), indent="    ")
     env = {"MASTER_PORT": str(master_port), **network_env(cluster), **_cluster_env(cluster)}
     body = [
         "#!/bin/bash",
@@ -297,7 +300,7 @@ def sbatch_script(
             if cluster.accelerator == "cpu"
             else []
         ),
-        *_RANKS,
+        *(_RANKS if lead_s is not None else ['run_ranks() { "$@"; }']),
         "status=0",
         "if (( ${SLURM_RESTART_COUNT:-0} > 0 )); then",
         '  echo "dstk: job $SLURM_JOB_ID requeued (restart $SLURM_RESTART_COUNT): resuming from the newest complete '

@@ -272,7 +272,8 @@ class Trainer:
         first = not self._states_measured and (self.step >= 1 or self.opts.steps == 1)
         self._states_measured = self._states_measured or first
         gb = self.layout.global_batch_size
-        fault = next((f for f in self.faults if f.fires(self.step + 1, self.position, gb)), None)
+        faults = [f for f in self.faults if not (f.first_run and self.resumed)]
+        fault = next((f for f in faults if f.fires(self.step + 1, self.position, gb)), None)
         if fault is not None and fault.kind == "slow":
             time.sleep(fault.seconds)
         aux: list[Any] = []

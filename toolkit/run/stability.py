@@ -176,7 +176,7 @@ class SpikeDetector:
 
 @dataclass(frozen=True)
 class Fault:
-    """A fault the tests inject (`--inject-fault STEP[+]:nan|spike|slow[=S][@RANK]`).
+    """A fault the tests inject (`--inject-fault STEP[+]:nan|spike|slow[=S][@RANK][,first-run]`).
 
     `slow` sleeps half a second (`slow=S`: S seconds) before each step it fires on and changes nothing else:
     a run a test can signal mid-step and still compare, loss for loss, with one that was never slowed.
@@ -203,9 +203,14 @@ class Fault:
     """`slow@RANK`: only that rank sleeps (a straggler, toolkit.run.stragglers); None: every rank."""
     seconds: float = 0.5
     """How long `slow` sleeps before each step."""
+    first_run: bool = False
+    """`,first-run`: only in a run that did not resume (a job slowed until it is stopped, then resumed fast)."""
 
     @classmethod
-    def parse(cls, text: str) -> Fault:
+    def parse(cls, given: str) -> Fault:
+        text, comma, only = given.partition(",")
+        if comma and only != "first-run":
+            text = ""  # refused below
         step, _, kind = text.partition(":")
         kind, at, rank = kind.partition("@")
         kind, eq, seconds = kind.partition("=")
@@ -220,11 +225,11 @@ class Fault:
             or (at and (kind != "slow" or not rank.isdigit()))
         ):
             raise UserError(
-                f"--inject-fault: expected STEP[+]:nan|spike|slow[=S][@RANK] with STEP >= 1 (=S, @RANK: slow only), "
-                f"got {text!r}"
+                f"--inject-fault: expected STEP[+]:nan|spike|slow[=S][@RANK][,first-run] with STEP >= 1 (=S, @RANK: slow only), "
+                f"got {given!r}"
             )
         wait = float(seconds) if eq else 0.5
-        return cls(int(step), kind, persistent, int(rank) if at else None, wait)  # type: ignore[arg-type]
+        return cls(int(step), kind, persistent, int(rank) if at else None, wait, bool(comma))  # type: ignore[arg-type]
 
     def fires(self, step: int, start_row: int, global_batch: int) -> bool:
         """Whether it hits the step numbered `step` that starts at data row `start_row`."""

@@ -43,9 +43,6 @@ class StepRecord:
     """The engine's pre-clipping global norm (inf for DeepSpeed's invalid-norm sentinel); None when it has none."""
     stop: bool
     """Some rank was asked to stop (SIGTERM/SIGINT/SIGUSR1) before this step ended."""
-    signum: int = 0
-    """The signal those ranks got, when they agree (a SLURM time-limit warning reaches every rank, not all
-    before the same step); 0 when none or they differ."""
     aux: tuple[float, ...]
     """This rank's router losses, one per micro-batch (dstk's MoE layers)."""
     seconds: float
@@ -59,6 +56,9 @@ class StepRecord:
     start: the work this rank does on its own (data, host work, the forward). Ranks leave a step together, so
     a slow rank takes longer over this while the others wait for it at that collective, where their own time
     does not show it (toolkit.run.stragglers). None where `period` is."""
+    signum: int = 0
+    """The signal those ranks got, when they agree (a SLURM time-limit warning reaches every rank, not all
+    before the same step); 0 when none or they differ."""
 
 
 def to_device(tensor: Any, device: Any) -> Any:

@@ -174,7 +174,10 @@ def _add_test_faults(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--slow-snapshot", type=float, default=0.0, metavar="S", help=argparse.SUPPRESS)
     parser.add_argument(
-        "--inject-fault", action="append", metavar="STEP[+]:nan|spike|slow[=S][@RANK]", help=argparse.SUPPRESS
+        "--inject-fault",
+        action="append",
+        metavar="STEP[+]:nan|spike|slow[=S][@RANK][,first-run]",
+        help=argparse.SUPPRESS,
     )
 
 
