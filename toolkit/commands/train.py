@@ -39,8 +39,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"dstk train: note: {note}", flush=True)
     os.environ.setdefault("WANDB_MODE", "offline")  # offline unless the user configured wandb
     summary = main(run)
-    # stopped by SIGTERM/SIGINT (at a step boundary, checkpoint written): 128 + the signal, the shell convention
-    code = 128 + summary["stopped_by"] if summary.get("stopped_by") else 0
+    # stopped by a signal (at a step boundary, checkpoint written): 128 + the signal, the shell convention; a
+    # stop that came with the last step stopped nothing (a SLURM job must not requeue a finished run)
+    stopped = summary.get("stopped_by") and summary["final_step"] < run.loop.steps
+    code = 128 + summary["stopped_by"] if stopped else 0
     errors = summary.get("save_errors") or []
     if not code and (
         summary.get("stopped_by_save_error") or (errors and errors[-1]["step"] >= summary["final_step"])

@@ -228,3 +228,24 @@ def free_port_reserved(token: str = "", tries: int = 20) -> tuple[int, Lock]:
         if isinstance(got, Lock):
             return port, got
     raise OSError("no free port found for the rendezvous")
+
+
+def claim_folder(folder: Path, flag: str, overwrite: bool, what: str, own: tuple[str, ...] = ()) -> Lock:
+    """A folder a verb fills (data generate/prepare, export, grow, checkpoint convert): refused while another
+    job holds it, and refused when it already holds anything (`own`: names this verb may find there, e.g. its
+    own unfinished work) unless `overwrite` — then locked for this process. Nothing the user has is replaced
+    without the flag that says so."""
+    from toolkit.paths import output_dir
+
+    output_dir(folder, flag)
+    check_folder(folder, flag)
+    found = (
+        sorted(p.name for p in folder.iterdir() if p.name not in (LOCK_NAME, *own)) if folder.is_dir() else []
+    )
+    if found and not overwrite:
+        shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+        raise UserError(
+            f"{flag}: {folder} already holds files ({shown}); give an empty or new folder, or --overwrite to "
+            f"write {what} over them"
+        )
+    return lock_folder(folder, flag)

@@ -237,6 +237,9 @@ def _progress(rank: int) -> Any:
 
 
 def _worker(rank: int, world: int, port: int, nvme: str | None, queue: Any) -> None:
+    from toolkit.run.chatter import quiet
+
+    quiet()  # a spawned process: the CLI's silencing of library notices does not reach it
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),

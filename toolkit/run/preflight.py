@@ -344,7 +344,9 @@ def checkpoint_tiers(args: Any, block: Any, model: Any = None) -> tuple[bool, in
         raise UserError("--snapshot-every: must not be negative")
     if every and args.checkpoint_dir is None:
         raise UserError("--snapshot-every: needs --checkpoint-dir (the snapshots are named after it)")
-    nodes = int(os.environ.get("CROSS_SIZE") or os.environ.get("SLURM_STEP_NUM_NODES") or 1)  # launch.py, or srun
+    nodes = int(
+        os.environ.get("CROSS_SIZE") or os.environ.get("SLURM_STEP_NUM_NODES") or 1
+    )  # launch.py, or srun
     if every and nodes > 1:
         raise UserError(
             f"--snapshot-every: shared-memory snapshots are node-local and this job spans {nodes} nodes; "

@@ -204,13 +204,13 @@ def _fresh_start(run: TrainRun) -> None:
 
 def main(run: TrainRun) -> dict[str, Any]:
     import contextlib
-    import warnings
 
     import deepspeed
 
     from toolkit.integrations.ds_input import idle_comms_logger, without_idle_comms_logger
     from toolkit.integrations.ds_layout import layout_from_config
     from toolkit.parallel import ulysses
+    from toolkit.run.chatter import quiet
     from toolkit.run.loop import Trainer
     from toolkit.run.metrics import Logger
     from toolkit.run.models import build_model
@@ -220,10 +220,7 @@ def main(run: TrainRun) -> dict[str, Any]:
     from toolkit.run.summary import summarize
     from toolkit.run.universal import is_universal
 
-    # DeepSpeed's ZeRO calls the torch API this deprecates on every step, from every rank
-    warnings.filterwarnings(
-        "ignore", message=".*all_gather_into_tensor.* is deprecated", category=FutureWarning
-    )
+    quiet()  # library notices that tell the user nothing (toolkit.run.chatter); the CLI did it already
     rt = init_distributed()
     from toolkit.run.heartbeat import Heartbeat
 
