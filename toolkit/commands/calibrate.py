@@ -84,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     what = host.hardware.get("gpu") or host.hardware.get("cpu")
     start = time.monotonic()
     print(f"calibrating {what} with {ranks} ranks ...", flush=True)
+    _announce_builds(host.cluster.get("accelerator", "cpu"))
     results = measure(ranks, str(args.nvme_path) if args.nvme_path else None)
     storage = storage_gb_per_s(args.checkpoint_path)
     took = time.monotonic() - start
@@ -97,6 +98,17 @@ def run(args: argparse.Namespace) -> int:
         print_json(results)
     _say(results, took, args.output, cached)
     return 0
+
+
+def _announce_builds(accelerator: str) -> None:
+    """A first DeepSpeed op build is the probes' longest silence: said before it starts, with its length."""
+    import os
+
+    from toolkit.run.jit import announcement
+
+    said = announcement(accelerator, None, dict(os.environ))
+    if said:
+        print(said, flush=True)
 
 
 def _say(results: list[dict[str, Any]], took: float, output: Path | None, cached: Path) -> None:

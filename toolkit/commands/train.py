@@ -33,7 +33,10 @@ def run(args: argparse.Namespace) -> int:
     run, notes = prepare_run(args, world=int(os.environ.get("WORLD_SIZE", "1")))
     held = claim_on_rank(args)  # rank 0: the run and checkpoint folders are this job's (or its launcher's)
     if os.environ.get("RANK", "0") == "0" and not os.environ.get(PREFLIGHT_DONE):
-        for note in notes:  # dstk launch said them already when it set PREFLIGHT_DONE
+        from toolkit.run.jit import announcement
+
+        build = announcement(run.cluster.accelerator if run.cluster else "cpu", run.config, dict(os.environ))
+        for note in [*notes, *([build] if build else [])]:  # dstk launch said them when it set PREFLIGHT_DONE
             print(f"dstk train: note: {note}", flush=True)
     for note in held:
         print(f"dstk train: note: {note}", flush=True)

@@ -352,6 +352,8 @@ def problems_without_deepspeed(cfg: dict[str, Any], accelerator: str, parallel: 
     """What `validate_config` refuses that needs no DeepSpeed import (`dstk estimate --config` may not import
     it): dstk's own checks, and DeepSpeed's rule that fp16 and bf16 are not both on (runtime/config.py
     asserts it). The batch arithmetic is checked where the estimate reads the batch (`config_batch`)."""
+    if type_problems(cfg):  # said where the estimate reads the config, with what DeepSpeed needs
+        return []
     fp16, bf16 = (cfg.get(key) or {} for key in ("fp16", "bf16"))
     both = isinstance(fp16, dict) and isinstance(bf16, dict) and fp16.get("enabled") is True
     problems = []

@@ -269,7 +269,9 @@ def _worker(rank: int, world: int, port: int, nvme: str | None, queue: Any) -> N
         )
     device = accel.device_name(rank)
     sync = accel.synchronize
-    deepspeed.init_distributed(dist_init_required=True)
+    from toolkit.run.chatter import init_distributed_quietly
+
+    init_distributed_quietly(lambda: deepspeed.init_distributed(dist_init_required=True))
     result: dict[str, Any] = {
         "rank": rank,
         "accelerator": accel.device_name(),

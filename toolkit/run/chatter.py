@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import re
 import warnings
+from typing import Any
 
 QUIET_LOGGERS = ("torchao", "torch.utils._pytree")
 """Loggers of optional packages that speak when transformers imports them, not when dstk uses them: torchao (the
@@ -53,3 +54,24 @@ def quiet() -> None:
     logging.getLogger("DeepSpeed").addFilter(_Drop())
     for message in DEPRECATIONS:
         warnings.filterwarnings("ignore", message=message, category=FutureWarning)
+
+
+BUILT = re.compile(r"^DeepSpeed deepspeed\.ops\.\S+ built successfully$")
+"""What DeepSpeed prints (print, not its logger) each time a rank loads a JIT op, built or cached."""
+
+
+def init_distributed_quietly(init: Any) -> Any:
+    """`init()` (deepspeed.init_distributed) with DeepSpeed's per-rank "… built successfully" lines left out of
+    stdout; anything else it prints goes through."""
+    import contextlib
+    import io
+    import sys
+
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            return init()
+    finally:
+        kept = [line for line in out.getvalue().splitlines() if not BUILT.match(line)]
+        if kept:
+            print("\n".join(kept), file=sys.stdout, flush=True)

@@ -285,7 +285,7 @@ def launch(args: argparse.Namespace, cluster: Any) -> int:
         if args.dry_run:  # the files the printed command names are written, so it runs as printed
             print(first.shell)
             return 0
-        _warn_before_start(first, cluster)
+        _warn_before_start(first, cluster, train)
         supervisor = Supervisor(
             max_restarts=args.max_restarts,
             hang_timeout_s=hang_timeout(args.hang_timeout, cluster, train),
@@ -321,9 +321,10 @@ def _hold_folders(args: argparse.Namespace, train: Any) -> list[Any]:
     return locks
 
 
-def _warn_before_start(first: Any, cluster: Any) -> None:
+def _warn_before_start(first: Any, cluster: Any, train: Any) -> None:
     """What would otherwise look like a hang at start-up: a stale JIT build lock, a first op build."""
-    from toolkit.launcher.job import built_op, stale_build_locks
+    from toolkit.launcher.job import stale_build_locks
+    from toolkit.run.jit import announcement
 
     for lock in stale_build_locks(first.env):
         print(
@@ -332,10 +333,6 @@ def _warn_before_start(first: Any, cluster: Any) -> None:
             file=sys.stderr,
             flush=True,
         )
-    if cluster.accelerator == "cpu" and not built_op("deepspeed_shm_comm", first.env):
-        print(
-            "dstk launch: first launch with this extensions cache: DeepSpeed compiles its CPU communication op "
-            "(shm_comm) before step 1, about a minute on 2 cores, once (cached under TORCH_EXTENSIONS_DIR)",
-            file=sys.stderr,
-            flush=True,
-        )
+    said = announcement(cluster.accelerator, train.config if train is not None else None, first.env)
+    if said:
+        print(f"dstk launch: {said}", file=sys.stderr, flush=True)
