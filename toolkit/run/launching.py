@@ -275,12 +275,12 @@ def launch(args: argparse.Namespace, cluster: Any) -> int:
 
     hostfile_text(cluster)  # its host names are checked first, before the train command
     program, train = program_of(args, args.run_dir / "cluster.yaml", cluster)
-    locks = _hold_folders(args, train)
+    # the port first: a taken one is refused before any folder is created
+    probe = cluster.nodes == 1 and not args.dry_run
+    args.master_port, port = rendezvous_port(args.master_port, probe, os.environ[TOKEN_ENV])
+    locks = [port] if port is not None else []
     try:
-        args.master_port, port = rendezvous_port(
-            args.master_port, cluster.nodes == 1 and not args.dry_run, os.environ[TOKEN_ENV]
-        )
-        locks += [port] if port is not None else []
+        locks += _hold_folders(args, train)
         first = make_attempt(args, cluster, program, train)
         if args.dry_run:  # the files the printed command names are written, so it runs as printed
             print(first.shell)
