@@ -131,6 +131,7 @@ def _grow(args: argparse.Namespace) -> int:
     from toolkit.run.grow import grow
 
     target, from_model, cluster, query = _checked(args)
+    created = not args.out.exists()
     lock = lock_folder(args.out, "--out")  # this job's until the weights are written
     try:
         result = grow(
@@ -140,6 +141,8 @@ def _grow(args: argparse.Namespace) -> int:
         )  # fmt: skip
     finally:
         lock.release()
+        if created and not any(args.out.iterdir()):  # refused inside grow: leave nothing behind
+            args.out.rmdir()
     _say(result, args)
     query = _at_the_trained_batch(query, Path(result.source))
     overrides = [

@@ -120,8 +120,13 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from toolkit.run.launching import launch
-
     _check(args)
     args.cluster = args.cluster or "local"  # this machine, detected (and calibrated if calibrate ran)
-    return launch(args, cluster_from_args(args))
+    cluster = cluster_from_args(args)
+    if args.slurm is not None:  # a script for SLURM to run: nothing starts here
+        from toolkit.run.slurm_job import write_slurm
+
+        return write_slurm(args, cluster)
+    from toolkit.run.launching import launch
+
+    return launch(args, cluster)

@@ -248,7 +248,7 @@ def event(path: Path, record: dict[str, object]) -> None:
 
 def launch(args: argparse.Namespace, cluster: Any) -> int:
     """`dstk launch` once its flags are read: the train command judged, the files written, then the job run
-    by the supervisor (or its command printed with --dry-run, or an sbatch script written with --slurm)."""
+    by the supervisor (or its command printed with --dry-run; `--slurm` is toolkit.run.slurm_job's)."""
     from toolkit.errors import UserError
     from toolkit.launcher.heartbeat import hang_timeout
     from toolkit.launcher.job import remove_shm_buffers
@@ -262,15 +262,10 @@ def launch(args: argparse.Namespace, cluster: Any) -> int:
     import uuid
 
     from toolkit.launcher.lock import TOKEN_ENV
-    from toolkit.paths import output_dir, output_file
+    from toolkit.paths import output_dir
 
     os.environ[TOKEN_ENV] = uuid.uuid4().hex  # this job's: its ranks find their folders locked under it
     output_dir(args.run_dir, "--run-dir")
-    if args.slurm is not None:
-        output_file(args.slurm, "--slurm")
-        from toolkit.run.slurm_job import write_slurm
-
-        return write_slurm(args, cluster)
     from toolkit.launcher.command import hostfile_text
 
     hostfile_text(cluster)  # its host names are checked first, before the train command

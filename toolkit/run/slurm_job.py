@@ -121,8 +121,13 @@ def write_slurm(args: argparse.Namespace, cluster: Any) -> int:
     import yaml
 
     from toolkit.launcher.slurm import SlurmOptions, sbatch_script
+    from toolkit.paths import output_dir, output_file
     from toolkit.run.launching import DEFAULT_PORT, default_job_name, program_of
 
+    if args.elastic:
+        raise UserError("--elastic: not with --slurm: the allocation is SLURM's (a lost node ends the job)")
+    output_dir(args.run_dir, "--run-dir")
+    output_file(args.slurm, "--slurm")
     if args.include or args.exclude:
         raise UserError(
             f"{'--include' if args.include else '--exclude'}: not with --slurm: SLURM chooses the nodes (give "
