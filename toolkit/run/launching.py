@@ -267,6 +267,9 @@ def launch(args: argparse.Namespace, cluster: Any) -> int:
     os.environ[TOKEN_ENV] = uuid.uuid4().hex  # this job's: its ranks find their folders locked under it
     output_dir(args.run_dir, "--run-dir")
     from toolkit.launcher.command import hostfile_text
+    from toolkit.launcher.lock import check_folder
+
+    check_folder(args.run_dir, "dstk launch --run-dir")  # another job's, named before anything else is read
 
     hostfile_text(cluster)  # its host names are checked first, before the train command
     program, train = program_of(args, args.run_dir / "cluster.yaml", cluster)
