@@ -3,12 +3,15 @@ partial output file left behind. Inputs live in tests/bad/ (one file per mistake
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from pathlib import Path
 
 import pytest
 
 from tests.cli import REPO, dstk
+from toolkit.launcher.lock import lock_folder
 
 BAD = REPO / "tests" / "bad"
 TINY = str(REPO / "tests" / "models" / "tiny-test-gpt2.yaml")
@@ -1207,6 +1210,54 @@ CASES += [
         r"FE\); convert it to UTF-8 first",
     ),
 ]
+
+
+@pytest.mark.parametrize(
+    ("verb", "flag"),
+    [
+        (["launch", "--cluster", "cpu", "--config", f"{BAD}/micro1.json", "--dry-run", "--run-dir", "{held}",
+          "--", "--model", TINY, "--steps", "5"], "--run-dir"),
+        (["launch", "--cluster", "cpu", "--config", f"{BAD}/micro1.json", "--dry-run", "--run-dir", "{out}",
+          "--", "--model", TINY, "--steps", "5", "--checkpoint-dir", "{held}"], "--checkpoint-dir"),
+        (["data", "generate", "--out", "{held}"], "--out"),
+        (["data", "prepare", "--input", f"{BAD}/tiny_corpus.jsonl", "--out", "{held}", "--train-tokenizer",
+          "300"], "--out"),
+        (["export", "--model", TINY, "--checkpoint", f"{BAD}/ckpt", "--out", "{held}"], "--out"),
+        (["checkpoint", "convert", "--checkpoint", f"{BAD}/ckpt", "--out", "{held}"], "--out"),
+    ],
+    ids=["launch-run-dir", "launch-checkpoint-dir", "data-generate", "data-prepare", "export", "convert"],
+)  # fmt: skip
+def test_every_verb_refuses_a_folder_another_job_holds(tmp_path, verb, flag) -> None:
+    """Two jobs, one folder: each verb that writes into a folder the user may own is refused while another
+    job holds it, in one line naming that job, and writes nothing there."""
+    held, out = tmp_path / "held", tmp_path / "out"
+    holder = lock_folder(held, flag)  # this process stands in for the other job
+    try:
+        r = dstk(*[a.replace("{held}", str(held)).replace("{out}", str(out)) for a in verb])
+    finally:
+        holder.release()
+    lines = [line for line in r.err.splitlines() if line.strip() and "[WARNING]" not in line]
+    assert r.code == 2 and len(lines) == 1, r.err
+    assert f"{flag}: {held} is in use by another job: pid {os.getpid()} on " in lines[0], lines[0]
+    assert sorted(p.name for p in held.iterdir()) == [] and not out.exists()
+
+
+def test_data_smaller_than_one_global_batch_is_refused_before_any_rank_starts(
+    tmp_path, prepared_data
+) -> None:
+    """The pre-flight had both numbers: the data's training sequences (its manifest) and the config's global
+    batch. A batch larger than the data was a failure on every rank after start-up, 43 s in."""
+    rows = json.loads((prepared_data / "manifest.json").read_text())["rows"]["train"]
+    cfg = tmp_path / "big_batch.json"
+    micro = rows // 2 + 1  # two ranks: one global batch is more than the data holds
+    cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": 1}))
+    out = tmp_path / "out"
+    r = dstk("launch", "--cluster", "cpu", "--config", str(cfg), "--run-dir", str(out), "--dry-run", "--",
+             "--model", TINY, "--steps", "5", "--data", str(prepared_data))  # fmt: skip
+    lines = [line for line in r.err.splitlines() if line.strip() and "[WARNING]" not in line]
+    assert r.code == 2 and len(lines) == 1, r.err
+    assert f"holds {rows} training sequences, fewer than one global batch of {2 * micro}" in lines[0]
+    assert not out.exists()
 
 
 def test_launch_says_a_run_past_the_schedule_once_and_the_ranks_do_not_again(tmp_path: Path) -> None:

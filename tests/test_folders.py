@@ -1,8 +1,8 @@
 """A run's outputs are never clobbered (#46): a folder belongs to one job (lock files naming their holder,
 stale ones taken over), a checkpoint folder is resumed or explicitly started over, an earlier run's records
-are set aside, and every verb that fills a folder refuses one another job holds — each in one line, exit 2,
-nothing written. The two-jobs-one-folder and relaunch-without-resume cases also run for real, with 2 ranks,
-in tests/test_zero_runs.py."""
+are set aside, and a verb that fills a folder refuses one that holds files. Every verb refusing a folder another
+job holds is in the bad-input catalogue (tests/test_bad_inputs.py); the two-jobs-one-folder and
+relaunch-without-resume cases also run for real, with 2 ranks, in tests/test_zero_runs.py."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from toolkit.errors import UserError
 from toolkit.launcher.lock import LOCK_NAME, Holder, Lock, claim_folder, lock_folder, stale_note, try_lock
 from toolkit.run.folders import check_checkpoint_dir, remove_checkpoints, set_aside_records
 
-BAD = REPO / "tests" / "bad"
 TINY = str(REPO / "tests" / "models" / "tiny-test-gpt2.yaml")
 
 
@@ -64,36 +63,6 @@ def test_a_rank_of_the_launching_job_shares_its_launchers_lock(tmp_path) -> None
     assert isinstance(shared, Lock) and shared.fd is None
     assert isinstance(try_lock(tmp_path / LOCK_NAME, "other-token"), Holder)
     mine.release()
-
-
-@pytest.mark.parametrize(
-    ("verb", "flag"),
-    [
-        (["launch", "--cluster", "cpu", "--config", f"{BAD}/micro1.json", "--dry-run", "--run-dir", "{held}",
-          "--", "--model", TINY, "--steps", "5"], "--run-dir"),
-        (["launch", "--cluster", "cpu", "--config", f"{BAD}/micro1.json", "--dry-run", "--run-dir", "{out}",
-          "--", "--model", TINY, "--steps", "5", "--checkpoint-dir", "{held}"], "--checkpoint-dir"),
-        (["data", "generate", "--out", "{held}"], "--out"),
-        (["data", "prepare", "--input", f"{BAD}/tiny_corpus.jsonl", "--out", "{held}", "--train-tokenizer",
-          "300"], "--out"),
-        (["export", "--model", TINY, "--checkpoint", f"{BAD}/ckpt", "--out", "{held}"], "--out"),
-        (["checkpoint", "convert", "--checkpoint", f"{BAD}/ckpt", "--out", "{held}"], "--out"),
-    ],
-    ids=["launch-run-dir", "launch-checkpoint-dir", "data-generate", "data-prepare", "export", "convert"],
-)  # fmt: skip
-def test_every_verb_refuses_a_folder_another_job_holds(tmp_path, verb, flag) -> None:
-    """Two jobs, one folder: each verb that writes into a folder the user may own is refused while another
-    job holds it, in one line naming that job, and writes nothing there."""
-    held, out = tmp_path / "held", tmp_path / "out"
-    holder = lock_folder(held, flag)  # this process stands in for the other job
-    try:
-        r = dstk(*[a.replace("{held}", str(held)).replace("{out}", str(out)) for a in verb])
-    finally:
-        holder.release()
-    lines = [line for line in r.err.splitlines() if line.strip() and "[WARNING]" not in line]
-    assert r.code == 2 and len(lines) == 1, r.err
-    assert f"{flag}: {held} is in use by another job: pid {os.getpid()} on " in lines[0], lines[0]
-    assert sorted(p.name for p in held.iterdir()) == [] and not out.exists()
 
 
 def test_a_checkpoint_folder_is_resumed_or_started_over_never_written_over(tmp_path) -> None:
