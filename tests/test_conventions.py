@@ -44,6 +44,7 @@ def test_ctrl_c_is_one_line() -> None:
         [sys.executable, "-c", "import time, sys; from toolkit.cli import main; "
          "import toolkit.commands.presets as p; p.run = lambda args: time.sleep(30); sys.exit(main(['presets']))"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # pytest-xdist's workers ignore it
     )  # fmt: skip
     time.sleep(3)
     proc.send_signal(signal.SIGINT)

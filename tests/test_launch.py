@@ -254,3 +254,18 @@ def test_a_rendezvous_port_taken_by_another_program_is_named_as_such(tmp_path) -
     assert (
         lines == [lines[0]] and f"the rendezvous port {port} on 127.0.0.1 is in use (EADDRINUSE)" in lines[0]
     )
+
+
+def test_a_config_given_with_a_script_of_ones_own_is_judged_and_said_when_the_script_never_sees_it(
+    tmp_path,
+) -> None:
+    """`--config` beside `-- train.py`: checked for the world about to start (refused when DeepSpeed would refuse
+    it); dstk launch passes it to dstk train only, so a script whose arguments do not name it is told so once
+    (it used to be dropped without a word). Naming it after `--` is what a script does."""
+    cfg = tmp_path / "ds.json"
+    cfg.write_text('{"train_micro_batch_size_per_gpu": 1}')
+    base = ["launch", "--cluster", "cpu", "--config", str(cfg), "--run-dir", str(tmp_path / "r"), "--dry-run"]
+    r = dstk(*base, "--", "train.py", "--lr", "1e-4")
+    assert r.code == 0 and f"--config {cfg} is checked for this world, but train.py gets only" in r.err, r.err
+    r = dstk(*base, "--", "train.py", "--deepspeed_config", str(cfg))
+    assert r.code == 0 and "--config" not in r.err, r.err

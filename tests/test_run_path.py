@@ -134,7 +134,16 @@ def test_export_is_the_optimizers_fp32_masters_at_every_zero_stage(tmp_path) -> 
     from tests.cli import dstk
 
     flags = ["--model", TEST_MODEL, "--precision", "bf16", "--micro-batch", "2", "--global-batch", "4"]
-    flags += ["--lr", "1e-2", "--train-steps", "4", "--warmup-steps", "1", "--log-dir", str(tmp_path / "logs")]
+    flags += [
+        "--lr",
+        "1e-2",
+        "--train-steps",
+        "4",
+        "--warmup-steps",
+        "1",
+        "--log-dir",
+        str(tmp_path / "logs"),
+    ]
     cfgs = [str(config(tmp_path / f"z{s}.json", *flags, "--zero-stage", str(s))) for s in range(4)]
     proc = run_script(REPO / "tests" / "scripts" / "masters_check.py", [str(tmp_path), TEST_MODEL, *cfgs])
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]

@@ -108,7 +108,9 @@ def try_lock(path: Path, token: str = "") -> Lock | Holder:
     """The lock at `path` (created), or the live holder that has it. A holder under `token` (non-empty) is
     this job: a Lock without a file descriptor."""
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        # held through a read-only descriptor (flock needs no more): a file open for writing would keep its
+        # filesystem from being remounted read-only, which is the job's business, not the lock's
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -127,10 +129,12 @@ def try_lock(path: Path, token: str = "") -> Lock | Holder:
             os.close(fd)
             continue
         previous = _read(fd)
-        os.ftruncate(fd, 0)
-        os.lseek(fd, 0, os.SEEK_SET)
-        os.write(fd, json.dumps(_me(token).__dict__).encode("utf-8"))
-        os.fsync(fd)
+        out = os.open(path, os.O_WRONLY | os.O_TRUNC)
+        try:
+            os.write(out, json.dumps(_me(token).__dict__).encode("utf-8"))
+            os.fsync(out)
+        finally:
+            os.close(out)
         lock = Lock(path, fd, previous)
         _HELD.add(lock)
         return lock

@@ -101,11 +101,8 @@ def program_of(args: argparse.Namespace, cluster_file: Path, cluster: Any = None
     if program and program[0] == "--":
         program = program[1:]
     if program and (program[0] in ("-m", "--module") or program[0].endswith(".py")):
-        if args.config is not None:  # it would reach no rank: dstk launch passes --config to dstk train only
-            raise UserError(
-                f"--config: dstk launch gives it to dstk train, not to {program[0] if program[0].endswith('.py') else 'a module'}; "
-                "pass your script its config after -- (e.g. -- train.py --deepspeed_config FILE)"
-            )
+        if args.config is not None and cluster is not None:
+            _judge_script_config(args.config, cluster, program)
         return program, None
     if args.config is None:
         if "--config" in program:  # a train flag, as dstk train takes it: dstk launch passes it on itself
@@ -125,6 +122,28 @@ def program_of(args: argparse.Namespace, cluster_file: Path, cluster: Any = None
     if "--cluster" not in program:
         extra += ["--cluster", str(cluster_file)]
     return program + extra, run
+
+
+def _judge_script_config(path: Path, cluster: Any, program: list[str]) -> None:
+    """--config with a script of the user's own: judged for the world about to start, as dstk train's is. dstk
+    launch passes it to dstk train only; a script gets its own arguments, so when they do not name the file
+    that is said once (it used to be dropped without a word)."""
+    from toolkit.errors import UserError
+    from toolkit.integrations.ds_input import read_ds_config
+    from toolkit.integrations.validate import validate_config
+    from toolkit.paths import input_file
+
+    input_file(path, "--config", "a DeepSpeed JSON config")
+    verdict = validate_config(read_ds_config(path), cluster.world_size, cluster.accelerator)
+    if verdict.problems:
+        raise UserError(f"--config: {verdict.problems[0].text}")
+    if not any(str(path) in word for word in program):
+        print(
+            f"dstk launch: note: --config {path} is checked for this world, but {program[0]} gets only the "
+            "arguments after -- (give it the file there, e.g. --deepspeed_config FILE)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def make_attempt(
