@@ -77,7 +77,7 @@ def test_a_checkpoint_folder_is_resumed_or_started_over_never_written_over(tmp_p
         check_checkpoint_dir(ckpt, "never", False)
     assert check_checkpoint_dir(ckpt, "auto", False) is None
     note = check_checkpoint_dir(ckpt, "never", True)
-    assert note and "step00000100, step00000050 are removed before step 1" in note
+    assert note and f"step00000100, step00000050 in {ckpt} will be removed before step 1" in note
     with pytest.raises(UserError, match="--overwrite-checkpoints: starts over from step 0, --resume auto"):
         check_checkpoint_dir(ckpt, "auto", True)
     (ckpt / "latest_complete").write_text("step00000100\n")

@@ -77,7 +77,7 @@ def check_checkpoint_dir(checkpoint_dir: Path | None, resume: str, overwrite: bo
         return None
     shown = ", ".join(tags[:3]) + (f" and {len(tags) - 3} more" if len(tags) > 3 else "")
     if overwrite:
-        return f"--overwrite-checkpoints: {checkpoint_dir}'s {shown} are removed before step 1"
+        return f"--overwrite-checkpoints: {shown} in {checkpoint_dir} will be removed before step 1"
     raise UserError(
         f"--checkpoint-dir: {checkpoint_dir} holds checkpoints ({shown}) and --resume is never: continue them "
         "with --resume auto, or start over in a new folder or with --overwrite-checkpoints (which removes them)"
