@@ -1,8 +1,8 @@
 """`make demo`: the whole path on this machine, as a user would run it, one printed command at a time.
 
-generate a corpus → prepare it (local BPE tokenizer, packing) → calibrate this machine (under a minute, once
-per host: the result is cached) → plan a tiny GPT for `--cluster local`, which picks the precision this host
-computes fastest (fp32 where bf16 is emulated) → write its DeepSpeed config → launch → ~100 steps with the
+generate a corpus → prepare it (local BPE tokenizer, packing) → calibrate this machine (30 s once
+DeepSpeed's CPU op is built, which `make install` does; once per host: the result is cached) → plan a tiny
+GPT for `--cluster local`, which picks the precision this host computes fastest (fp32 where bf16 is emulated) → write its DeepSpeed config → launch → ~100 steps with the
 loss falling → measured vs predicted → the checkpoint, exported as an HF model. Nothing here depends on the
 host having native bf16 or being the one the presets came from.
 """

@@ -3,7 +3,8 @@
 The result is cached per host fingerprint (toolkit.host.calibration_cache: CPU model and flags, cores, GPU model and
 driver, rank count, torch/DeepSpeed versions) under the user's cache directory, where `--cluster local`
 finds it. The probes are sized from a first tiny measurement, so the whole run takes under a minute on a
-host whose bf16 is emulated as on one with native bf16 (DeepSpeed's first-time op build aside).
+host whose bf16 is emulated as on one with native bf16, once DeepSpeed's CPU op is built (`make install`
+builds it; otherwise the first calibration compiles it, said before it starts).
 """
 
 from __future__ import annotations
