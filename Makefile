@@ -24,6 +24,7 @@ $(STAMP): setup.cfg pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH_SPEC)
 	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m toolkit.run.jit  # DeepSpeed's CPU communication op, built now (~50 s) instead of at the first job
 	touch $(STAMP)
 
 install: $(STAMP)

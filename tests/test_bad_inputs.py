@@ -3,12 +3,15 @@ partial output file left behind. Inputs live in tests/bad/ (one file per mistake
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from pathlib import Path
 
 import pytest
 
 from tests.cli import REPO, dstk
+from toolkit.launcher.lock import lock_folder
 
 BAD = REPO / "tests" / "bad"
 TINY = str(REPO / "tests" / "models" / "tiny-test-gpt2.yaml")
@@ -1004,6 +1007,287 @@ CASES += [
         r"^dstk plan: error: --gpus-per-node: input should be greater than 0",
     ),
 ]
+
+SCRIPT = f"{BAD}/train_script.py"  # never run: the launch is refused first
+# the second newcomer pass (#46): state lost without a word, each class a few ways
+CASES += [
+    # checkpoints clobbered: a folder with checkpoints is resumed or started over, never written over silently
+    (
+        "relaunch-into-checkpoints-without-resume",
+        [*LAUNCH, "--dry-run", "--", *TRAIN, "--checkpoint-dir", f"{BAD}/ckpt"],
+        r"^dstk launch: error: --checkpoint-dir: .*ckpt holds checkpoints \(step00000010\) and --resume is never: "
+        r"continue them with --resume auto, or start over in a new folder or with --overwrite-checkpoints",
+    ),
+    (
+        "slurm-script-not-written-over-checkpoints",
+        [*LAUNCH, "--slurm", "{out}", "--", *TRAIN, "--checkpoint-dir", f"{BAD}/ckpt"],
+        r"--checkpoint-dir: .*ckpt holds checkpoints \(step00000010\) and --resume is never",
+    ),
+    (
+        "relaunch-with-resume-never-said-aloud",
+        [*LAUNCH, "--dry-run", "--", *TRAIN, "--checkpoint-dir", f"{BAD}/ckpt", "--resume", "never"],
+        r"--checkpoint-dir: .*holds checkpoints \(step00000010\) and --resume is never",
+    ),
+    (
+        "overwrite-checkpoints-and-resume",
+        [
+            *LAUNCH,
+            "--dry-run",
+            "--",
+            *TRAIN,
+            "--checkpoint-dir",
+            f"{BAD}/ckpt",
+            "--resume",
+            "auto",
+            "--overwrite-checkpoints",
+        ],
+        r"--overwrite-checkpoints: starts over from step 0, --resume auto continues; give one",
+    ),
+    # a folder the user owns is not written over
+    (
+        "data-generate-into-a-folder-of-the-users",
+        ["data", "generate", "--out", f"{BAD}/raw_corpus"],
+        r"^dstk data: error: --out: .*raw_corpus already holds files \(docs.jsonl\); give an empty or new folder, "
+        r"or --overwrite",
+    ),
+    (
+        "data-prepare-into-a-folder-of-the-users",
+        [
+            "data",
+            "prepare",
+            "--input",
+            f"{BAD}/tiny_corpus.jsonl",
+            "--out",
+            f"{BAD}/raw_corpus",
+            "--train-tokenizer",
+            "300",
+        ],
+        r"--out: .*raw_corpus already holds files \(docs.jsonl\); give an empty or new folder, or --overwrite",
+    ),
+    (
+        "export-into-a-folder-of-the-users",
+        ["export", "--model", TINY, "--checkpoint", f"{BAD}/ckpt", "--out", f"{BAD}/raw_corpus"],
+        r"^dstk export: error: --out: .*raw_corpus already holds files \(docs.jsonl\)",
+    ),
+    # found late before: each now one line before any rank starts
+    (
+        "estimate-config-with-fp16-and-bf16",
+        ["estimate", "--model", TINY, "--cluster", "dgx-a100-80g", "--config", f"{BAD}/fp16_and_bf16.json"],
+        r"^dstk estimate: error: --config: fp16.enabled, bf16.enabled: both true; DeepSpeed refuses that",
+    ),
+    (
+        "estimate-config-with-fp16-on-cpu",
+        ["estimate", "--model", TINY, "--cluster", "cpu", "--config", f"{BAD}/fp16_and_bf16.json"],
+        r"--config: fp16.enabled, bf16.enabled: both true; .* \(and 1 more: dstk validate",
+    ),
+    (
+        "estimate-config-with-a-batch-validate-refuses",
+        ["estimate", "--model", TINY, "--cluster", "cpu", "--config", f"{BAD}/bad_batch.json"],
+        r"^dstk estimate: error: --config: train_batch_size",
+    ),
+    (
+        "launch-a-script-with-a-config-that-is-not-there",
+        [
+            "launch",
+            "--cluster",
+            "cpu",
+            "--config",
+            "nope.json",
+            "--run-dir",
+            "{out}",
+            "--dry-run",
+            "--",
+            SCRIPT,
+        ],
+        r"^dstk launch: error: --config: nope.json not found$",
+    ),
+    (
+        "launch-a-script-with-a-config-deepspeed-refuses",
+        [
+            "launch",
+            "--cluster",
+            "cpu",
+            "--config",
+            f"{BAD}/bad_batch.json",
+            "--run-dir",
+            "{out}",
+            "--dry-run",
+            "--",
+            SCRIPT,
+            "--lr",
+            "1e-4",
+        ],
+        r"^dstk launch: error: --config: train_batch_size",
+    ),
+    (
+        "launch-a-module-with-a-config-deepspeed-refuses",
+        [
+            "launch",
+            "--cluster",
+            "cpu",
+            "--config",
+            f"{BAD}/bad_batch.json",
+            "--run-dir",
+            "{out}",
+            "--dry-run",
+            "--",
+            "-m",
+            "my_project.train",
+        ],
+        r"^dstk launch: error: --config: train_batch_size",
+    ),
+    # SLURM as SLURM users run it
+    (
+        "slurm-job-without-a-checkpoint-folder",
+        [*LAUNCH, "--slurm", "{out}", "--", *TRAIN],
+        r"^dstk launch: error: --checkpoint-dir: a SLURM job of dstk train saves there when the time limit nears",
+    ),
+    (
+        "slurm-job-of-a-real-model-without-data",
+        [
+            "launch",
+            "--cluster",
+            "cpu",
+            "--config",
+            f"{BAD}/micro1.json",
+            "--run-dir",
+            "{out}",
+            "--slurm",
+            "{out}",
+            "--",
+            "--model",
+            "llama-7b",
+            "--steps",
+            "5",
+            "--checkpoint-dir",
+            "{out}",
+        ],
+        r"--data: none given, so every run of the job would train llama-7b \(6.74B parameters\) on the generated "
+        r"demo corpus",
+    ),
+    (
+        "slurm-job-with-include",
+        [*LAUNCH, "--slurm", "{out}", "--include", "node1", "--", *TRAIN, "--checkpoint-dir", "{out}"],
+        r"^dstk launch: error: --include: not with --slurm: SLURM chooses the nodes",
+    ),
+    (
+        "slurm-time-in-words",
+        [*LAUNCH, "--slurm", "{out}", "--time", "2 days", "--", *TRAIN, "--checkpoint-dir", "{out}"],
+        r"^dstk launch: error: --time: '2 days' cannot go into an #SBATCH line",
+    ),
+    (
+        "config-tokens-not-a-count",
+        ["config", "--model", TINY, "--cluster", "cpu", "--tokens", "300 billion", "-o", "{out}"],
+        r"^dstk config: error: --tokens: '300 billion' is not a token count; write e.g. 300e9, 3e11, 300B",
+    ),
+    (
+        "config-tokens-and-train-steps",
+        [
+            "config",
+            "--model",
+            TINY,
+            "--cluster",
+            "cpu",
+            "--tokens",
+            "3B",
+            "--train-steps",
+            "10",
+            "-o",
+            "{out}",
+        ],
+        r"--tokens: sizes the schedule as --train-steps does; give one",
+    ),
+    # conventions
+    (
+        "misspelt-verb",
+        ["estiamte", "--model", TINY, "--cluster", "cpu"],
+        r"^dstk: error: argument VERB: invalid choice: 'estiamte' .*; did you mean estimate\?$",
+    ),
+    (
+        "misspelt-verb-launch",
+        ["lanuch", "--cluster", "cpu"],
+        r"invalid choice: 'lanuch' .*; did you mean launch\?$",
+    ),
+    (
+        "train-flag-before-the-dashes",
+        [*LAUNCH, "--steps", "100", "--dry-run", "--", "--model", TINY],
+        r"^dstk launch: error: --steps: a dstk train flag: put it after -- \(dstk launch \[launch flags\] -- "
+        r"\[train flags\]\)$",
+    ),
+    (
+        "launch-flag-after-the-dashes",
+        [*LAUNCH, "--dry-run", "--", *TRAIN, "--max-restarts", "2"],
+        r"^dstk launch: after --: dstk train: error: --max-restarts: a dstk launch flag: put it before --",
+    ),
+    (
+        "keep-last-negative",
+        [*LAUNCH, "--dry-run", "--", *TRAIN, "--checkpoint-dir", "{out}", "--keep-last", "-1"],
+        r"--keep-last: must not be negative",
+    ),
+    (
+        "data-prepare-utf16-input",
+        [
+            "data",
+            "prepare",
+            "--input",
+            f"{BAD}/utf16_corpus.jsonl",
+            "--out",
+            "{out}",
+            "--train-tokenizer",
+            "300",
+        ],
+        r"^dstk data: error: --input: .*utf16_corpus.jsonl is UTF-16 text \(it starts with the byte-order mark FF "
+        r"FE\); convert it to UTF-8 first",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("verb", "flag"),
+    [
+        (["launch", "--cluster", "cpu", "--config", f"{BAD}/micro1.json", "--dry-run", "--run-dir", "{held}",
+          "--", "--model", TINY, "--steps", "5"], "--run-dir"),
+        (["launch", "--cluster", "cpu", "--config", f"{BAD}/micro1.json", "--dry-run", "--run-dir", "{out}",
+          "--", "--model", TINY, "--steps", "5", "--checkpoint-dir", "{held}"], "--checkpoint-dir"),
+        (["data", "generate", "--out", "{held}"], "--out"),
+        (["data", "prepare", "--input", f"{BAD}/tiny_corpus.jsonl", "--out", "{held}", "--train-tokenizer",
+          "300"], "--out"),
+        (["export", "--model", TINY, "--checkpoint", f"{BAD}/ckpt", "--out", "{held}"], "--out"),
+        (["checkpoint", "convert", "--checkpoint", f"{BAD}/ckpt", "--out", "{held}"], "--out"),
+    ],
+    ids=["launch-run-dir", "launch-checkpoint-dir", "data-generate", "data-prepare", "export", "convert"],
+)  # fmt: skip
+def test_every_verb_refuses_a_folder_another_job_holds(tmp_path, verb, flag) -> None:
+    """Two jobs, one folder: each verb that writes into a folder the user may own is refused while another
+    job holds it, in one line naming that job, and writes nothing there."""
+    held, out = tmp_path / "held", tmp_path / "out"
+    holder = lock_folder(held, flag)  # this process stands in for the other job
+    try:
+        r = dstk(*[a.replace("{held}", str(held)).replace("{out}", str(out)) for a in verb])
+    finally:
+        holder.release()
+    lines = [line for line in r.err.splitlines() if line.strip() and "[WARNING]" not in line]
+    assert r.code == 2 and len(lines) == 1, r.err
+    assert f"{flag}: {held} is in use by another job: pid {os.getpid()} on " in lines[0], lines[0]
+    assert sorted(p.name for p in held.iterdir()) == [] and not out.exists()
+
+
+def test_data_smaller_than_one_global_batch_is_refused_before_any_rank_starts(
+    tmp_path, prepared_data
+) -> None:
+    """The pre-flight had both numbers: the data's training sequences (its manifest) and the config's global
+    batch. A batch larger than the data was a failure on every rank after start-up, 43 s in."""
+    rows = json.loads((prepared_data / "manifest.json").read_text())["rows"]["train"]
+    cfg = tmp_path / "big_batch.json"
+    micro = rows // 2 + 1  # two ranks: one global batch is more than the data holds
+    cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": 1}))
+    out = tmp_path / "out"
+    r = dstk("launch", "--cluster", "cpu", "--config", str(cfg), "--run-dir", str(out), "--dry-run", "--",
+             "--model", TINY, "--steps", "5", "--data", str(prepared_data))  # fmt: skip
+    lines = [line for line in r.err.splitlines() if line.strip() and "[WARNING]" not in line]
+    assert r.code == 2 and len(lines) == 1, r.err
+    assert f"holds {rows} training sequences, fewer than one global batch of {2 * micro}" in lines[0]
+    assert not out.exists()
 
 
 def test_launch_says_a_run_past_the_schedule_once_and_the_ranks_do_not_again(tmp_path: Path) -> None:

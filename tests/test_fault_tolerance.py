@@ -143,7 +143,10 @@ def test_a_slow_fault_can_name_one_rank() -> None:
     assert Fault.parse("2+:slow@1") == Fault(2, "slow", True, 1)
     assert Fault.parse("3:nan") == Fault(3, "nan", False, None)
     for bad in ("2:nan@1", "2:slow@x", "0:slow"):
-        with pytest.raises(UserError, match=r"--inject-fault: expected STEP\[\+\]:nan\|spike\|slow\[@RANK\]"):
+        with pytest.raises(
+            UserError,
+            match=r"--inject-fault: expected STEP\[\+\]:nan\|spike\|slow\[=S\]\[@RANK\]\[,first-run\]",
+        ):
             Fault.parse(bad)
 
 

@@ -226,3 +226,46 @@ def test_a_task_srun_started_takes_its_rank_from_slurm() -> None:
     assert not adopt_slurm_task(batch) and "RANK" not in batch
     launched = {"RANK": "1", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1"}  # deepspeed's launch set it
     assert not adopt_slurm_task(launched) and launched["RANK"] == "1"
+
+
+def test_a_rendezvous_port_taken_by_another_program_is_named_as_such(tmp_path) -> None:
+    """A rank whose MASTER_PORT another program bound meanwhile (dstk launch reserves its port against other
+    dstk launches, not against everything on the host): torch's store cannot listen, and the rank says that
+    in one line, not "stopped because another rank failed" with a traceback."""
+    import os
+    import socket
+
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(
+        '{"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}'
+    )
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+        proc = subprocess.run(
+            [sys.executable, "-m", "toolkit.cli", "train", "--model", str(REPO / "tests/models/tiny-test-gpt2.yaml"),
+             "--config", str(cfg), "--steps", "1", "--run-dir", str(tmp_path / "run")],
+            env={**env, "MASTER_PORT": str(port)}, capture_output=True, text=True, cwd=REPO, timeout=300,
+        )  # fmt: skip
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("dstk train")]
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert (
+        lines == [lines[0]] and f"the rendezvous port {port} on 127.0.0.1 is in use (EADDRINUSE)" in lines[0]
+    )
+
+
+def test_a_config_given_with_a_script_of_ones_own_is_judged_and_said_when_the_script_never_sees_it(
+    tmp_path,
+) -> None:
+    """`--config` beside `-- train.py`: checked for the world about to start (refused when DeepSpeed would refuse
+    it); dstk launch passes it to dstk train only, so a script whose arguments do not name it is told so once
+    (it used to be dropped without a word). Naming it after `--` is what a script does."""
+    cfg = tmp_path / "ds.json"
+    cfg.write_text('{"train_micro_batch_size_per_gpu": 1}')
+    base = ["launch", "--cluster", "cpu", "--config", str(cfg), "--run-dir", str(tmp_path / "r"), "--dry-run"]
+    r = dstk(*base, "--", "train.py", "--lr", "1e-4")
+    assert r.code == 0 and f"--config {cfg} is checked for this world, but train.py gets only" in r.err, r.err
+    r = dstk(*base, "--", "train.py", "--deepspeed_config", str(cfg))
+    assert r.code == 0 and "--config" not in r.err, r.err

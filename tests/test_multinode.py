@@ -206,60 +206,54 @@ def _wait_gone(bed: Bed, job: str, timeout: float = 300) -> None:
     pytest.fail(f"SLURM job {job} still queued or running after {timeout} s")
 
 
-def test_sbatch_script_trains_on_two_nodes_and_resumes_when_resubmitted_after_scancel(
+def _scontrol(bed: Bed, job: str) -> dict[str, str]:
+    out = bed.run("scontrol", "-o", "show", "job", job, timeout=30).stdout
+    return dict(re.findall(r"(\w+)=(\S*)", out))
+
+
+def test_the_time_limit_stops_the_sbatch_job_at_a_checkpoint_and_it_requeues_to_the_uninterrupted_losses(
     tmp_path, bed, zero_runs, prepared_data, init_weights
 ):
-    """The script `dstk launch --slurm` writes for a two-node cluster with `launcher: slurm`, in a run directory
-    whose name holds `;`, `$()` and backquotes, submitted with the real `sbatch`: the batch step builds the
-    hostfile from SLURM_JOB_NODELIST, DeepSpeed's slurm backend starts the two ranks with `srun` (one per node),
-    they train. `scancel` mid-run (SIGTERM to every task) leaves a checkpoint; the same script submitted again
-    resumes from it (`--resume auto`) and ends with the single-node ZeRO-2 run's losses (fp32, 1e-6)."""
-    cluster = bed.cluster(tmp_path / "two-node-slurm.yaml", "slurm")
+    """The script `dstk launch --slurm` writes for two nodes (the cluster file's interactive launcher is pdsh:
+    under --slurm the ranks are srun tasks all the same), in a run directory whose name holds `;`, `$()` and
+    backquotes, submitted with the real `sbatch` and a 2-minute `--time`. Its first run is slowed (10 s a
+    step from step 2) so that SLURM's own time limit comes first: SLURM warns the batch shell
+    (`--signal=B:USR1@LEAD`, LEAD from the plan), the shell passes the warning to the ranks, they save a
+    checkpoint at a step boundary and exit, and the script requeues the job, which resumes from that
+    checkpoint (its ranks unslowed) and ends with the single-node ZeRO-2 run's losses (fp32, 1e-6). One job
+    id, one output file for both runs."""
+    cluster = bed.cluster(tmp_path / "two-node.yaml", "pdsh")
     cfg = zero_config(tmp_path / "z2.json", 2)
     run_dir = tmp_path / "slurm run;$(touch canary)`touch canary`"
     ckpt = run_dir / "ckpt"
     args = train_args(prepared_data, STEPS, "--init-from", str(init_weights), "--checkpoint-dir", str(ckpt))
-    args += [
-        "--save-every",
-        "100",
-        "--resume",
-        "auto",
-        "--inject-fault",
-        "2+:slow",
-    ]  # steps 2-10 take 0.5 s more
+    args += ["--save-every", "100", "--inject-fault", "2+:slow=10,first-run"]
     script = tmp_path / "job.sbatch"
     wrote = bed.run(
         *dstk_cmd(
             "launch", "--cluster", str(cluster), "--config", str(cfg), "--run-dir", str(run_dir),
-            "--master-port", str(free_port()), "--slurm", str(script), "--time", "10",
+            "--master-port", str(free_port()), "--slurm", str(script), "--time", "2",
             "--", "--run-dir", str(run_dir / "train"), "--no-progress", *args,
         )
     )  # fmt: skip
     assert wrote.returncode == 0, wrote.stderr
-    assert "--launcher slurm" in script.read_text()
+    text = script.read_text()
+    assert "srun --nodes=2 --ntasks-per-node=1" in text and "deepspeed" not in text and "pdsh" not in text
+    lead = int(re.search(r"#SBATCH --signal=B:USR1@(\d+)", text)[1])
+    assert "#SBATCH --requeue" in text and lead < 60  # 2 predicted steps of a tiny model, a save, the margin
 
-    first = _sbatch(bed, script)
-    metrics = run_dir / "train" / "metrics.jsonl"
-    deadline = time.time() + 300
-    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):
-        assert time.time() < deadline, (run_dir / f"slurm-{first}.out").read_text()[-3000:]
-        time.sleep(0.2)
-    assert bed.run("scancel", first).returncode == 0
-    _wait_gone(bed, first)
-    cancelled = (run_dir / f"slurm-{first}.out").read_text()
-    assert (
-        "rank 0 of 2 on node1 (node 0 of 2)" in cancelled
-        and "rank 1 of 2 on node2 (node 1 of 2)" in cancelled
-    )
-    stopped = [line for line in cancelled.splitlines() if line.startswith("stopped by SIGTERM after step ")]
-    assert stopped, cancelled[-3000:]
-    step = int(stopped[0].split("after step ")[1].split(";")[0])
-    assert 3 <= step < STEPS
-
-    second = _sbatch(bed, script)
-    _wait_gone(bed, second)
-    resumed = (run_dir / f"slurm-{second}.out").read_text()
-    assert f"resumed from {ckpt / f'step{step:08d}'} at step {step}" in resumed, resumed[-3000:]
+    job = _sbatch(bed, script)
+    _wait_gone(bed, job, timeout=600)
+    out = (run_dir / f"slurm-{job}.out").read_text()
+    assert _scontrol(bed, job).get("JobState", "COMPLETED") == "COMPLETED", out[-3000:]
+    stopped = re.search(r"stopped by SIGUSR1 after step (\d+); checkpoint", out)
+    assert stopped, out[-4000:]
+    step = int(stopped[1])
+    assert 2 <= step < STEPS
+    assert f"requeueing job {job}, which resumes there" in out
+    assert f"job {job} requeued (restart 1)" in out
+    assert f"resumed from {ckpt / f'step{step:08d}'} at step {step}" in out
+    assert out.count("rank 0 of 2 on node1 (node 0 of 2)") == 2 and out.count("rank 1 of 2 on node2") == 2
     summary = json.loads((run_dir / "train" / "summary.json").read_text())
     assert summary["losses"] == pytest.approx(zero_runs[2].summary["losses"], rel=1e-6, abs=1e-6)
     assert not list(tmp_path.rglob("canary")) and not list(REPO.glob("canary"))

@@ -76,21 +76,32 @@ def test_grow_replans_at_the_batch_the_parent_trained_with(tmp_path: Path) -> No
 
 
 def test_a_busy_port_is_replaced_or_named_before_any_rank_starts(tmp_path: Path) -> None:
+    """A port bound by another program, or reserved by another dstk launch on this host (whose ranks have
+    not bound it yet), is refused when named and replaced when it was the default; the reservation is held
+    until released."""
     import socket
 
+    from toolkit.launcher.lock import reserve_port
     from toolkit.run.launching import rendezvous_port as _rendezvous_port
 
     with socket.socket() as busy:
         busy.bind(("", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        with pytest.raises(UserError, match=f"--master-port: {port} is in use on this host"):
+        with pytest.raises(UserError, match=f"--master-port: {port} is in use on this host .another program"):
             _rendezvous_port(port, probe=True)
-        free = _rendezvous_port(None, probe=True)  # the default 29500 here, or a free one if that is busy
-        assert free != port
-        assert (
-            _rendezvous_port(port, probe=False) == port
-        )  # a multi-node rendezvous is not this host's to probe
+        free, lock = _rendezvous_port(None, probe=True)  # 29500, or a free one if that is busy
+        assert free != port and lock is not None
+        # a multi-node rendezvous is not this host's to probe
+        assert _rendezvous_port(port, probe=False) == (port, None)
+    # the port is free now, but reserved: another launch is refused it, or sent elsewhere
+    assert "another dstk job holds it" in reserve_port(free, "other-job")
+    with pytest.raises(UserError, match=f"--master-port: {free} is in use on this host .another dstk job"):
+        _rendezvous_port(free, probe=True)
+    lock.release()
+    again = reserve_port(free)
+    assert not isinstance(again, str)
+    again.release()
 
 
 def test_json_outputs_are_strict_and_the_jit_build_is_known(tmp_path: Path) -> None:

@@ -121,3 +121,41 @@ def test_onebit_adam_through_dstk_train(tmp_path, prepared_data, init_weights) -
     )
     assert again.code == 0, again.output[-4000:]
     assert again.summary["losses"][6:] == pytest.approx(losses[6:], rel=1e-6, abs=1e-6)
+
+
+def test_export_is_the_optimizers_fp32_masters_at_every_zero_stage(tmp_path) -> None:
+    """bf16 training at ZeRO-0, 1, 2 and 3 (2 ranks, three steps each in one launch): `dstk export` writes exactly
+    the fp32 masters the live optimizer holds (bit for bit), not the bf16 working copy the module trains with
+    — which at ZeRO-0 is all the module file holds (the masters are in the optimizer's state beside it). Each
+    stage's masters differ from their bf16 rounding, so an export of the working copy would fail here."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tests.cli import dstk
+
+    flags = ["--model", TEST_MODEL, "--precision", "bf16", "--micro-batch", "2", "--global-batch", "4"]
+    flags += [
+        "--lr",
+        "1e-2",
+        "--train-steps",
+        "4",
+        "--warmup-steps",
+        "1",
+        "--log-dir",
+        str(tmp_path / "logs"),
+    ]
+    cfgs = [str(config(tmp_path / f"z{s}.json", *flags, "--zero-stage", str(s))) for s in range(4)]
+    proc = run_script(REPO / "tests" / "scripts" / "masters_check.py", [str(tmp_path), TEST_MODEL, *cfgs])
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    for stage in range(4):
+        out = tmp_path / f"hf{stage}"
+        r = dstk(
+            "export", "--model", TEST_MODEL, "--checkpoint", str(tmp_path / f"ckpt{stage}"), "--out", str(out)
+        )
+        assert r.code == 0, r.err
+        exported = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).state_dict()
+        truth = torch.load(tmp_path / f"masters{stage}.pt")
+        assert truth and all(m.dtype == torch.float32 for m in truth.values())
+        for name, master in truth.items():
+            assert torch.equal(exported[name], master), (stage, name)
+        assert any(not torch.equal(m, m.bfloat16().float()) for m in truth.values()), stage

@@ -195,11 +195,32 @@ def test_checkpoints_of_every_stage_convert_and_resume_on_one_rank(tmp_path, zer
         assert job.summary["losses"][5:] == pytest.approx(straight[5:], rel=1e-4), stage
 
 
-def _stopped(run_dir, signum: int, cfg, args: list[str], logged: int) -> int:
+def _second_job_is_refused(cmd: list[str], first_pid: int) -> None:
+    """The same launch again, into the folders the running job holds: refused before anything starts, in one
+    line naming the running job (its launcher's pid), while the first one trains on."""
+    import subprocess
+    import time
+
+    from tests.distributed import REPO
+
+    again = list(cmd)
+    again[again.index("--master-port") + 1] = "0"  # not the port: the folders must be what refuses it
+    start = time.time()
+    proc = subprocess.run(again, capture_output=True, text=True, cwd=REPO, timeout=60)
+    took = time.time() - start
+    print(f"second job into the same folders refused in {took:.2f} s (process start included)")
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "is in use by another job: pid " + str(first_pid) in lines[0], lines[0]
+    assert took < 10
+
+
+def _stopped(run_dir, signum: int, cfg, args: list[str], logged: int, intruder: bool = False) -> int:
     """Start a 2-rank job (slowed from step 3 by its args, so the signal lands mid-run), send `signum` to the
     `dstk launch` process once it has logged `logged` steps, as `kill`, systemd or SLURM would, and check what
-    must hold when it is over: the exit status, no process and no /dev/shm file of the job left, and a last
-    line naming a complete checkpoint. Returns that checkpoint's step."""
+    must hold when it is over: the exit status, no process and no /dev/shm file of the job left, a last line
+    naming a complete checkpoint, and no traceback. `intruder`: first start the same job again into the same
+    folders, which must be refused naming this one. Returns the checkpoint's step."""
     import glob
     import os
     import re
@@ -218,6 +239,8 @@ def _stopped(run_dir, signum: int, cfg, args: list[str], logged: int) -> int:
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= logged):
         assert proc.poll() is None and time.time() < deadline, f"the job ended before {logged} logged steps"
         time.sleep(0.1)
+    if intruder:
+        _second_job_is_refused(cmd, proc.pid)
     job = psutil.Process(proc.pid).children(recursive=True)
     sent = time.time()
     proc.send_signal(signum)
@@ -232,7 +255,29 @@ def _stopped(run_dir, signum: int, cfg, args: list[str], logged: int) -> int:
     ckpt = Path(args[args.index("--checkpoint-dir") + 1])
     assert 3 <= step < STEPS and json.loads((ckpt / tag / "dstk_manifest.json").read_text())["step"] == step
     assert "--resume auto" in said[3]
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
     return step
+
+
+def _relaunch_without_resume_is_refused(run_dir, cfg, args: list[str]) -> None:
+    """The stopped job's launch again without --resume: refused before any rank starts, naming both ways on,
+    and every checkpoint file as it was (SHA-256)."""
+    import hashlib
+    import time
+
+    ckpt = Path(args[args.index("--checkpoint-dir") + 1])
+
+    def hashes() -> dict[str, str]:
+        files = sorted(p for p in ckpt.rglob("*") if p.is_file())
+        return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+
+    before, start = hashes(), time.time()
+    job = launch(run_dir, cfg, args)
+    assert job.code == 2 and time.time() - start < 30, job.output[-3000:]
+    lines = [line for line in job.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "holds checkpoints (step" in lines[0], job.output
+    assert "--resume auto" in lines[0] and "--overwrite-checkpoints" in lines[0]
+    assert hashes() == before and not (run_dir / "metrics.jsonl").exists()
 
 
 def test_sigint_then_sigterm_to_launch_stop_the_job_at_checkpoints_it_resumes_from_exactly(
@@ -249,7 +294,8 @@ def test_sigint_then_sigterm_to_launch_stop_the_job_at_checkpoints_it_resumes_fr
     slow = [*ckpt, "--save-every", "100", "--inject-fault", "3+:slow"]
     init = ["--init-from", str(init_weights)]
     sync = [*init, *slow, "--no-async-save"]  # the first stop saves synchronously, the second asynchronously
-    first = _stopped(tmp_path / "a", signal.SIGINT, cfg, train_args(prepared_data, STEPS, *sync), 3)
+    first = _stopped(tmp_path / "a", signal.SIGINT, cfg, train_args(prepared_data, STEPS, *sync), 3, True)
+    _relaunch_without_resume_is_refused(tmp_path / "b", cfg, train_args(prepared_data, STEPS, *slow))
     resume = ["--resume", "auto"]
     second = _stopped(
         tmp_path / "b", signal.SIGTERM, cfg, train_args(prepared_data, STEPS, *slow, *resume), 1

@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="dstk", description="DeepSpeed integration toolkit: plan, generate, run, benchmark."
     )
-    parser.add_argument("--version", action="version", version=f"dstk {__version__}")
+    parser.add_argument("-V", "--version", action="version", version=f"dstk {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=OneLineParser)
     for name, (module, summary) in VERBS.items():
         verb = sub.add_parser(name, help=summary, description=summary)
@@ -69,19 +69,10 @@ def _pages(
     return found
 
 
-# Loggers of optional packages that speak when transformers imports them, not when dstk uses them: torchao
-# (the run extra, for --precision fp8) logs "Failed to load …/_C_mxfp8….so" and "Detected no triton" on any host
-# without its CUDA kernels, and torch's pytree warns twice about torchao's enum registrations — five stderr
-# lines in every run that builds a model, none of them about the run. An fp8 run reports torchao's own
-# failures through toolkit/run/fp8.py's checks.
-_IMPORT_CHATTER = ("torchao", "torch.utils._pytree")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    import logging
+    from toolkit.run.chatter import quiet
 
-    for name in _IMPORT_CHATTER:
-        logging.getLogger(name).setLevel(logging.ERROR)
+    quiet()  # library notices that tell a user nothing, silenced before any library is imported
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv == ["--reference"]:  # docs/cli.md (make docs)
         print(reference())
@@ -93,13 +84,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         build_parser().print_help()
         return 2
     try:
-        return int(importlib.import_module(f"toolkit.commands.{args._module}").run(args) or 0)
+        code = int(importlib.import_module(f"toolkit.commands.{args._module}").run(args) or 0)
+        sys.stdout.flush()  # a reader that left (`| head`) is met here, not at interpreter exit
+        return code
     except UserError as exc:
         if not _quiet_rank(args.verb):
             print(f"dstk {args.verb}: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `dstk ... | head`: the reader left, nothing is wrong
-        sys.stderr.close()
+        _stdout_to_devnull()
         return 0
     except OSError as exc:
         if exc.filename is None:  # not about a path the user gave: a bug, keep its traceback
@@ -111,6 +104,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dstk {args.verb}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
+        if args.verb == "train" and _port_taken(exc):
+            print(
+                f"dstk train: rank {os.environ.get('RANK', '?')}: the rendezvous port {os.environ.get('MASTER_PORT')} "
+                f"on {os.environ.get('MASTER_ADDR')} is in use (EADDRINUSE): another program took it; start the job "
+                "again (dstk launch reserves a free one) or give dstk launch --master-port a free port",
+                file=sys.stderr,
+            )
+            return 1
         if args.verb != "train" or not _peer_failed(exc):
             raise
         # another rank failed first and its error is printed above; this rank's traceback says only that
@@ -120,6 +121,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+
+
+def _stdout_to_devnull() -> None:
+    """After a broken pipe, what Python still has buffered for stdout would fail again at exit (status 120,
+    "Exception ignored … BrokenPipeError"): point the descriptor at /dev/null instead (Python's own advice,
+    docs.python.org/3/library/signal.html#note-on-sigpipe)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _quiet_rank(verb: str | None) -> bool:
@@ -138,6 +148,13 @@ PEER_FAILURE = (
     "Socket Timeout",
 )
 """What gloo and NCCL say on a rank whose collective lost a peer (the peer's own error is the cause)."""
+
+
+def _port_taken(exc: BaseException) -> bool:
+    """torch's TCPStore could not listen on MASTER_PORT: "...failed to listen on any local network address.
+    port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use"."""
+    text = str(exc)
+    return "EADDRINUSE" in text or "address already in use" in text.lower()
 
 
 def _peer_failed(exc: BaseException) -> bool:

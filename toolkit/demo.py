@@ -1,8 +1,8 @@
 """`make demo`: the whole path on this machine, as a user would run it, one printed command at a time.
 
-generate a corpus → prepare it (local BPE tokenizer, packing) → calibrate this machine (under a minute, once
-per host: the result is cached) → plan a tiny GPT for `--cluster local`, which picks the precision this host
-computes fastest (fp32 where bf16 is emulated) → write its DeepSpeed config → launch → ~100 steps with the
+generate a corpus → prepare it (local BPE tokenizer, packing) → calibrate this machine (30 s once
+DeepSpeed's CPU op is built, which `make install` does; once per host: the result is cached) → plan a tiny
+GPT for `--cluster local`, which picks the precision this host computes fastest (fp32 where bf16 is emulated) → write its DeepSpeed config → launch → ~100 steps with the
 loss falling → measured vs predicted → the checkpoint, exported as an HF model. Nothing here depends on the
 host having native bf16 or being the one the presets came from.
 """
@@ -43,7 +43,9 @@ def loss_curve(losses: list[float], width: int = 50) -> str:
 def main() -> None:
     start = time.time()
     raw, data, cfg = OUT / "raw", OUT / "data", OUT / "ds_config.json"
-    dstk("data", "generate", "--out", str(raw))
+    # every step below writes into demo_out/, the demo's own folder: a rerun replaces what the last one wrote,
+    # and says so with the flags that allow it (nothing is replaced without one)
+    dstk("data", "generate", "--out", str(raw), "--overwrite")
     dstk(
         "data",
         "prepare",
@@ -98,6 +100,7 @@ def main() -> None:
         str(OUT / "run"),
         "--checkpoint-dir",
         str(OUT / "checkpoints"),
+        "--overwrite-checkpoints",  # a rerun trains from step 0 again, in place of the last run's checkpoints
         "--eval-every",
         "50",
         "--log-every",
@@ -118,6 +121,7 @@ def main() -> None:
         str(data / "tokenizer"),
         "--out",
         str(OUT / "hf_model"),
+        "--overwrite",
     )
     print(
         f"\nCheckpoints: {OUT / 'checkpoints'}; HF model: {OUT / 'hf_model'}; metrics: {OUT / 'run' / 'metrics.jsonl'}; "

@@ -80,3 +80,28 @@ def input_file(path: Path, flag: str, what: str = "a file") -> Path:
     if path.is_dir():
         raise UserError(f"{flag}: {path} is a folder; expected {what}")
     return path
+
+
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
+def utf16_refusal(path: Path, head: bytes, flag: str) -> UserError | None:
+    """A one-line UserError for a file that starts with a UTF-16 (or UTF-32) byte-order mark, where dstk reads
+    lines of UTF-8 (a UTF-16 text's newlines are two bytes, and every line would be "not UTF-8")."""
+    if not head.startswith(UTF16_BOMS):
+        return None
+    return UserError(
+        f"{flag}: {path} is UTF-16 text (it starts with the byte-order mark {head[:2].hex(' ').upper()}); "
+        f"convert it to UTF-8 first, e.g. iconv -f UTF-16 -t UTF-8 {path} > {path.stem}.utf8{path.suffix}"
+    )
+
+
+def read_user_text(path: Path) -> str:
+    """A text file the user wrote, as text: UTF-8, with or without the byte-order mark Windows editors write,
+    or UTF-16 with its byte-order mark (Notepad's "Unicode"). Raises UnicodeDecodeError for anything else."""
+    import codecs
+
+    raw = path.read_bytes()
+    if raw.startswith(UTF16_BOMS):
+        return raw.decode("utf-16")
+    return raw[len(codecs.BOM_UTF8) :].decode() if raw.startswith(codecs.BOM_UTF8) else raw.decode()

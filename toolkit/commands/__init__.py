@@ -7,6 +7,7 @@ cannot drift apart.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import typing
 from typing import Any, NoReturn
@@ -54,25 +55,46 @@ class OneLineParser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
+    other_side: tuple[Any, str] | None = None
+    """(a callable giving the flags of the command on the other side of `--`, what to say of one given here):
+    `dstk launch` takes dstk train's flags after `--`, and a train flag before it is misplaced, not misspelt."""
+
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {self._with_suggestions(message)}\n")
 
     def _with_suggestions(self, message: str) -> str:
         """argparse's "unrecognized arguments: --stepz 100" with the flag each unknown one was probably meant
-        to be, from this parser's own flags."""
+        to be, from this parser's own flags (or where it belongs, when it is the other side's of `--`), and
+        "invalid choice" of a verb with the nearest verb."""
         import difflib
 
+        choice = re.fullmatch(r"argument (\S+): invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if choice:
+            names = re.findall(r"'?([\w-]+)'?", choice[3])
+            close = difflib.get_close_matches(choice[2], names, n=1, cutoff=0.6)
+            return message + (f"; did you mean {close[0]}?" if close else "")
         prefix = "unrecognized arguments: "
         if not message.startswith(prefix):
             return message
-        flags = [f for a in self._actions for f in a.option_strings if f.startswith("--")]
         unknown = [w for w in message[len(prefix) :].split() if w.startswith("-")]
+        misplaced = self._misplaced(unknown)
+        if misplaced:
+            return misplaced
+        flags = [f for a in self._actions for f in a.option_strings if f.startswith("--")]
         hints = []
         for word in unknown:
             close = difflib.get_close_matches(word.split("=")[0], flags, n=1, cutoff=0.7)
             if close:
                 hints.append(f"{word} → {close[0]}?")
         return message + (f" (did you mean: {', '.join(hints)})" if hints else "")
+
+    def _misplaced(self, unknown: list[str]) -> str | None:
+        if self.other_side is None:
+            return None
+        flags, where = self.other_side
+        theirs = set(flags())
+        found = [w.split("=")[0] for w in unknown if w.split("=")[0] in theirs]
+        return f"{', '.join(found)}: {where}" if found else None
 
     def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
         """Unknown flags are reported by the parser they were given to (`dstk estimate: error: ...`), not by

@@ -3,7 +3,8 @@
 The result is cached per host fingerprint (toolkit.host.calibration_cache: CPU model and flags, cores, GPU model and
 driver, rank count, torch/DeepSpeed versions) under the user's cache directory, where `--cluster local`
 finds it. The probes are sized from a first tiny measurement, so the whole run takes under a minute on a
-host whose bf16 is emulated as on one with native bf16 (DeepSpeed's first-time op build aside).
+host whose bf16 is emulated as on one with native bf16, once DeepSpeed's CPU op is built (`make install`
+builds it; otherwise the first calibration compiles it, said before it starts).
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     what = host.hardware.get("gpu") or host.hardware.get("cpu")
     start = time.monotonic()
     print(f"calibrating {what} with {ranks} ranks ...", flush=True)
+    _announce_builds(host.cluster.get("accelerator", "cpu"))
     results = measure(ranks, str(args.nvme_path) if args.nvme_path else None)
     storage = storage_gb_per_s(args.checkpoint_path)
     took = time.monotonic() - start
@@ -97,6 +99,17 @@ def run(args: argparse.Namespace) -> int:
         print_json(results)
     _say(results, took, args.output, cached)
     return 0
+
+
+def _announce_builds(accelerator: str) -> None:
+    """A first DeepSpeed op build is the probes' longest silence: said before it starts, with its length."""
+    import os
+
+    from toolkit.run.jit import announcement
+
+    said = announcement(accelerator, None, dict(os.environ))
+    if said:
+        print(said, flush=True)
 
 
 def _say(results: list[dict[str, Any]], took: float, output: Path | None, cached: Path) -> None:

@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from toolkit.errors import UserError
+    from toolkit.launcher.lock import check_folder, lock_folder
     from toolkit.paths import output_dir
     from toolkit.run.preflight import pick_checkpoint
 
@@ -48,13 +49,18 @@ def run(args: argparse.Namespace) -> int:
     output_dir(args.out, "--out")
     if args.out.resolve() == args.checkpoint.resolve():
         raise UserError("--out: must differ from --checkpoint")
+    check_folder(args.out, "--out")  # a job training into it is named first
     if (args.out / tag).exists() and not args.overwrite:
         raise UserError(f"--out: {args.out / tag} exists; give another folder, or --overwrite to replace it")
     start = time.time()
     print(f"converting {args.checkpoint / tag} …", file=sys.stderr, flush=True)
     from toolkit.run.universal import convert
 
-    tag_dir = convert(args.checkpoint, args.out, tag)
+    lock = lock_folder(args.out, "--out")
+    try:
+        tag_dir = convert(args.checkpoint, args.out, tag)
+    finally:
+        lock.release()
     print(
         f"wrote {tag_dir} (universal) in {time.time() - start:.1f} s; resume with: dstk train ... "
         f"--checkpoint-dir {args.out} --resume auto"

@@ -89,6 +89,27 @@ def _add_option_args(parser: argparse.ArgumentParser) -> None:
         else:
             kind = float if name == "lr" else int if "steps" in name or name == "freeze_step" else str
             group.add_argument(flag, dest=name, type=kind, metavar="X", help=text)
+    group.add_argument(
+        "--tokens",
+        metavar="N",
+        help="training tokens (300e9, 3e11, 300B, 1.5T): the schedule spans them, tokens / (global batch × "
+        "sequence length) steps, as dstk plan --tokens sizes it (instead of --train-steps)",
+    )
+
+
+def _schedule_tokens(args: argparse.Namespace, model: Any, layout: Any) -> None:
+    """--tokens as the schedule's steps, the way dstk plan --tokens counts them (integrations/plan_answer)."""
+    import math
+
+    from toolkit.errors import UserError
+    from toolkit.plan.training_cost import parse_tokens
+
+    if args.tokens is None:
+        return
+    if args.train_steps is not None:
+        raise UserError("--tokens: sizes the schedule as --train-steps does; give one")
+    tokens = parse_tokens(args.tokens)
+    args.train_steps = max(1, math.ceil(tokens / (layout.global_batch_size * model.seq_length)))
 
 
 OPTION_FLAGS = {
@@ -277,6 +298,7 @@ def run(args: argparse.Namespace) -> int:
     predicted = _priced_layout(args, model, cluster)
     layout = predicted.layout
     _check_layout(args, model, layout)
+    _schedule_tokens(args, model, layout)
     options = build(
         ds_config.ConfigOptions,
         {k: getattr(args, k) for k in OPTION_FLAGS if getattr(args, k) is not None},

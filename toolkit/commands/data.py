@@ -65,6 +65,11 @@ def _add_generate(sub: Any) -> None:
         "--docs-per-domain", type=int, default=2000, metavar="N", help="documents per domain (default: 2000)"
     )
     gen.add_argument("--seed", type=int, default=0, help="generator seed (default: 0)")
+    gen.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into a --out that already holds files (web.jsonl, code.jsonl and books.jsonl are replaced)",
+    )
 
 
 def _add_prepare(sub: Any) -> argparse.ArgumentParser:
@@ -286,12 +291,17 @@ def _summary(args: argparse.Namespace, manifest: dict[str, Any]) -> str:
 
 def _generate(args: argparse.Namespace) -> int:
     from toolkit.data.corpus import write_corpus
-    from toolkit.data.paths import create_dir
     from toolkit.errors import UserError
+    from toolkit.launcher.lock import claim_folder
 
     if args.docs_per_domain <= 0:
         raise UserError("--docs-per-domain: must be positive")
-    create_dir(args.out, "--out")
-    for path in write_corpus(args.out, args.docs_per_domain, args.seed):
-        print(f"wrote {path}")
+    if args.out.exists() and not args.out.is_dir():
+        raise UserError(f"--out: {args.out} is a file; expected a directory")
+    lock = claim_folder(args.out, "--out", args.overwrite, "the corpus")
+    try:
+        for path in write_corpus(args.out, args.docs_per_domain, args.seed):
+            print(f"wrote {path}")
+    finally:
+        lock.release()
     return 0

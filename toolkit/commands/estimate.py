@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     if args.config is not None:
         from toolkit.integrations.ds_layout import estimate_config
 
+        _judge(args, cluster)  # a config dstk validate refuses is not priced
         result, notes = estimate_config(args.config, model, cluster, request, (args.tp, args.pp, args.sp))
         for note in notes:  # what the config left open and the estimate assumed, said once
             print(f"note: {note}", file=sys.stderr)
@@ -62,3 +63,19 @@ def run(args: argparse.Namespace) -> int:
 
         print_estimate(result)
     return 0
+
+
+def _judge(args: argparse.Namespace, cluster: object) -> None:
+    """The config's problems that dstk validate would name, the first as one line (no DeepSpeed import)."""
+    from toolkit.errors import UserError
+    from toolkit.integrations.ds_input import read_ds_config
+    from toolkit.integrations.ds_layout import ModelParallel
+    from toolkit.integrations.validate import problems_without_deepspeed
+
+    cfg = read_ds_config(args.config)
+    problems = problems_without_deepspeed(
+        cfg, cluster.accelerator, ModelParallel.of(cfg, args.tp, args.pp, args.sp)
+    )  # type: ignore[attr-defined]
+    if problems:
+        more = f" (and {len(problems) - 1} more: dstk validate {args.config})" if len(problems) > 1 else ""
+        raise UserError(f"--config: {problems[0]}{more}")

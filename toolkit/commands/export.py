@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from toolkit.data.tokenizer import check_tokenizer_dir
-    from toolkit.paths import new_output_dir
+    from toolkit.launcher.lock import claim_folder
     from toolkit.run.preflight import pick_checkpoint
 
     model = model_from_args(args)
@@ -39,11 +39,14 @@ def run(args: argparse.Namespace) -> int:
     tag = pick_checkpoint(args.checkpoint, args.tag)
     if args.tokenizer is not None:
         check_tokenizer_dir(args.tokenizer)
-    new_output_dir(args.out, "--out", args.overwrite, "files")
+    lock = claim_folder(args.out, "--out", args.overwrite, "the model")  # refused if another job holds it
     start = time.time()
     print(f"exporting {args.checkpoint / tag} ({model.name}) …", file=sys.stderr, flush=True)
     from toolkit.run.export import export
 
-    out = export(model, args.checkpoint, args.out, tag, args.tokenizer)
+    try:
+        out = export(model, args.checkpoint, args.out, tag, args.tokenizer)
+    finally:
+        lock.release()
     print(f"wrote {out} from {args.checkpoint / tag} in {time.time() - start:.1f} s")
     return 0

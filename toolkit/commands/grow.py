@@ -101,6 +101,7 @@ def _checked(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     costs milliseconds, not a half-written --out."""
     from toolkit.commands import cluster_from_args, layout_request_from_args
     from toolkit.errors import UserError
+    from toolkit.launcher.lock import LOCK_NAME, check_folder
     from toolkit.paths import input_dir, output_dir
     from toolkit.plan.load import load_model
     from toolkit.plan.query import PlanQuery
@@ -114,9 +115,10 @@ def _checked(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     args.cluster = args.cluster or "cpu"
     cluster = cluster_from_args(args)
     query = PlanQuery.pinning(layout_request_from_args(args))
+    check_folder(args.out, "--out")  # another job's, named first
     output_dir(args.out, "--out")
-    if args.out.exists() and any(args.out.iterdir()):
-        raise UserError(f"--out: {args.out} exists and is not empty")
+    if args.out.exists() and any(p.name != LOCK_NAME for p in args.out.iterdir()):
+        raise UserError(f"--out: {args.out} already holds files; give an empty or new folder")
     if args.data is not None:
         input_dir(args.data, "--data", "the folder dstk data prepare wrote")
     return target, from_model, cluster, query
@@ -124,15 +126,23 @@ def _checked(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
 
 def _grow(args: argparse.Namespace) -> int:
     from toolkit.commands import CLUSTER_OVERRIDES
+    from toolkit.launcher.lock import lock_folder
     from toolkit.plan.progressive import replan
     from toolkit.run.grow import grow
 
     target, from_model, cluster, query = _checked(args)
-    result = grow(
-        args.source, target, args.out, from_model=from_model, tag=args.tag, depth_method=args.depth_method,
-        new_blocks=args.new_blocks, width_noise=args.width_noise, seed=args.seed, data=args.data,
-        eval_rows=args.eval_rows, tokenizer=args.tokenizer,
-    )  # fmt: skip
+    created = not args.out.exists()
+    lock = lock_folder(args.out, "--out")  # this job's until the weights are written
+    try:
+        result = grow(
+            args.source, target, args.out, from_model=from_model, tag=args.tag, depth_method=args.depth_method,
+            new_blocks=args.new_blocks, width_noise=args.width_noise, seed=args.seed, data=args.data,
+            eval_rows=args.eval_rows, tokenizer=args.tokenizer,
+        )  # fmt: skip
+    finally:
+        lock.release()
+        if created and not any(args.out.iterdir()):  # refused inside grow: leave nothing behind
+            args.out.rmdir()
     _say(result, args)
     query = _at_the_trained_batch(query, Path(result.source))
     overrides = [

@@ -41,6 +41,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs=argparse.REMAINDER,
         help="after --: SCRIPT ARGS, -m MODULE ARGS, or dstk train ARGS (the default)",
     )
+    # a dstk train flag before `--` is misplaced, not misspelt; a launch flag after it, the other way round
+    parser.other_side = (
+        _train_flags,
+        "a dstk train flag: put it after -- (dstk launch [launch flags] -- [train flags])",
+    )
+    parser.set_defaults(_launch_flags=tuple(f for a in parser._actions for f in a.option_strings))
+
+
+def _train_flags() -> list[str]:
+    from toolkit.run.launching import train_parser
+
+    return [f for a in train_parser()._actions for f in a.option_strings]
 
 
 def _add_fault_arguments(parser: argparse.ArgumentParser) -> None:
@@ -108,8 +120,13 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from toolkit.run.launching import launch
-
     _check(args)
     args.cluster = args.cluster or "local"  # this machine, detected (and calibrated if calibrate ran)
-    return launch(args, cluster_from_args(args))
+    cluster = cluster_from_args(args)
+    if args.slurm is not None:  # a script for SLURM to run: nothing starts here
+        from toolkit.run.slurm_job import write_slurm
+
+        return write_slurm(args, cluster)
+    from toolkit.run.launching import launch
+
+    return launch(args, cluster)

@@ -208,7 +208,7 @@ def _lines(piece: Piece, fields: tuple[str, str], report: PieceReport) -> Iterat
 
 def _record(raw: bytes, source: Source, fields: tuple[str, str], report: PieceReport) -> Record | None:
     try:
-        line = raw.decode("utf-8")
+        line = raw.decode("utf-8-sig")  # a byte-order mark (editors on Windows) would cost the first record
     except UnicodeDecodeError:
         report.add("non_utf8_lines", report.lines)
         return None

@@ -42,11 +42,12 @@ from toolkit.data.driver import DataError, Driver, Job
 from toolkit.data.filter import filter_documents, is_validation
 from toolkit.data.options import ExecutionOptions, PrepareOptions
 from toolkit.data.pack import pack, pack_chunks
-from toolkit.data.paths import MANIFEST, TOKENIZER, check_out, create_dir, is_dataset
+from toolkit.data.paths import MANIFEST, TOKENIZER, check_out, is_dataset
 from toolkit.data.progress import Progress
 from toolkit.data.read import expand_inputs, iter_records
 from toolkit.data.workdir import WORK
 from toolkit.errors import UserError
+from toolkit.launcher.lock import claim_folder
 
 # callers have always imported these from here
 __all__ = [
@@ -116,7 +117,7 @@ def prepare(
         options or PrepareOptions(), execution, progress or Progress(), notes,
     )  # fmt: skip
     created = not out.exists()
-    create_dir(out, "--out")
+    lock = claim_folder(out, "--out", overwrite, "the dataset", own=(WORK,))  # one job's
     driver = Driver(job)
     try:
         with _tokenizer_threads(driver.threads):
@@ -130,6 +131,8 @@ def prepare(
     except BaseException:
         driver.stopped()
         raise
+    finally:
+        lock.release()
 
 
 @contextmanager

@@ -162,6 +162,7 @@ def expand_inputs(paths: list[Path], notes: list[str] | None = None) -> list[Pat
         else:
             raise UserError(f"--input: {path} is neither a regular file nor a directory")
         for f in found:
+            _not_utf16(f)
             key = f.resolve()
             if key in files:
                 also = "" if str(files[key]) == str(f) else f" (also as {files[key]})"
@@ -169,6 +170,20 @@ def expand_inputs(paths: list[Path], notes: list[str] | None = None) -> list[Pat
             else:
                 files[key] = f
     return list(files.values())
+
+
+def _not_utf16(path: Path) -> None:
+    """A UTF-16 text file is named as such before any work (line by line it would be all "not UTF-8")."""
+    from toolkit.paths import utf16_refusal
+
+    try:
+        with path.open("rb") as f:
+            head = f.read(4)
+    except OSError:
+        return  # unreadable files are reported by the reader, with the others
+    problem = utf16_refusal(path, head, "--input")
+    if problem is not None:
+        raise problem
 
 
 def _globbed(paths: list[Path]) -> Iterator[Path]:

@@ -346,3 +346,17 @@ def validate_config(
     if ds_cfg is not None:
         verdict.add("dstk", _engine_checks(ds_cfg))
     return verdict
+
+
+def problems_without_deepspeed(cfg: dict[str, Any], accelerator: str, parallel: ModelParallel) -> list[str]:
+    """What `validate_config` refuses that needs no DeepSpeed import (`dstk estimate --config` may not import
+    it): dstk's own checks, and DeepSpeed's rule that fp16 and bf16 are not both on (runtime/config.py
+    asserts it). The batch arithmetic is checked where the estimate reads the batch (`config_batch`)."""
+    if type_problems(cfg):  # said where the estimate reads the config, with what DeepSpeed needs
+        return []
+    fp16, bf16 = (cfg.get(key) or {} for key in ("fp16", "bf16"))
+    both = isinstance(fp16, dict) and isinstance(bf16, dict) and fp16.get("enabled") is True
+    problems = []
+    if both and bf16.get("enabled") is True:
+        problems.append("fp16.enabled, bf16.enabled: both true; DeepSpeed refuses that (keep one)")
+    return problems + _dstk_checks(cfg, parallel, accelerator)

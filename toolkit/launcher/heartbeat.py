@@ -55,7 +55,7 @@ def hang_timeout(flag: float | None, cluster: Any, train: Any) -> float:
 
         try:
             layout = layout_from_config(train.config, cluster.world_size)
-            step_s = estimate(train.model, train.cluster or cluster, layout).step_time_s
+            step_s = estimate(train.model, train.cluster or cluster, layout).time.total_s
         except Exception:  # a layout the cost model does not price: the floor, not a failed launch
             step_s = None
     return default_hang_timeout(step_s)

@@ -67,8 +67,8 @@ def run_job(
     argv: list[str], env: dict[str, str], watch: Callable[[], str | None] | None = None
 ) -> tuple[int, int, str | None]:
     """(exit status, signal that stopped it or 0, the watchdog's report or None). The runner and its ranks
-    run in their own process group; SIGTERM or SIGINT to `dstk launch` goes to the whole group (the ranks save
-    at the next step boundary, see toolkit/run/stop.py), and whatever is left after STOP_GRACE_S is killed: no
+    run in their own process group; SIGTERM or SIGINT to `dstk launch` goes to the whole group as SIGTERM
+    (the ranks save at the next step boundary, see toolkit/run/stop.py), and whatever is left after STOP_GRACE_S is killed: no
     rank outlives the launch. `watch` is asked once a second; when it reports (a hang, see
     toolkit/launcher/heartbeat.py), the whole group is killed at once: a stopped or stuck rank answers no
     signal but SIGKILL, and the others wait for it."""
@@ -80,8 +80,10 @@ def run_job(
 
     def forward(signum: int, frame: object) -> None:
         received.append((signum, time.time()))
+        # SIGTERM for both: the ranks stop the same way on either, and DeepSpeed's runner has no SIGINT
+        # handler on one node, so Ctrl-C would print its 15-line KeyboardInterrupt traceback
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signum)
+            os.killpg(proc.pid, signal.SIGTERM)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:

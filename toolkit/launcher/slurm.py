@@ -14,20 +14,29 @@ each gets its own protection:
 - DeepSpeed's pdsh backend re-parses the program and its arguments in a remote shell:
   :func:`toolkit.launcher.command.check_remote_shell_words` refuses what it would mangle.
 
-`--ntasks-per-node`: the pdsh backend starts one `deepspeed.launcher.launch` per node (over ssh), which forks
-the node's ranks, so SLURM needs one task per node; the MPI and slurm backends start every rank as a task
-(`mpirun -n WORLD`, `srun -n WORLD`), so they need one task per GPU.
+The ranks are SLURM tasks, one per GPU, started by `srun` inside the allocation, whatever launcher the cluster
+file names for interactive launches: ranks started over pdsh/ssh from the batch script would run outside the
+job step (no cgroup, no accounting, not reached by `scancel`, and ssh between compute nodes needed).
+
+A job longer than its time limit stops itself cleanly: `#SBATCH --signal=B:USR1@LEAD` has SLURM warn the batch
+shell LEAD seconds before the limit (up to 30 s earlier: its time checks run every 30 s); the shell passes the
+signal to every rank (`scancel --signal=USR1` on the job's steps: srun dies of a USR1 that comes before its
+step is set up); the ranks agree on a step, save a checkpoint there and exit 138 (128 + SIGUSR1), and the
+shell requeues the job (`scontrol requeue`, `#SBATCH --requeue`), which starts the
+script again, under the same job id, with `SLURM_RESTART_COUNT` set: it then resumes from the newest complete
+checkpoint. A job that ends otherwise is not requeued.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit.errors import UserError
-from toolkit.launcher.command import ShellVar, Word, launcher_argv, network_env, shell_word
+from toolkit.launcher.command import Word, network_env, shell_word
 from toolkit.plan.specs import ClusterSpec
 
 _ALNUM = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
@@ -65,6 +74,37 @@ class SlurmOptions:
     """--gres instead of --gpus-per-node (older SLURM, or a GPU type), e.g. gpu:a100:8."""
 
 
+STOP_MARGIN_S = 30
+"""Seconds the lead keeps beyond the step and the save: the ranks' exit, `scontrol requeue`, and a save slower
+than planned. SLURM itself may signal up to a minute early, never late."""
+
+
+def signal_lead_s(step_s: float, save_s: float) -> int:
+    """How long before the time limit SLURM warns the job (`--signal=B:USR1@LEAD`): the rank that gets the
+    warning finishes its step, the next step carries the stop to every rank, then the checkpoint is written —
+    two steps and a save, plus STOP_MARGIN_S; sbatch takes at most 65535."""
+    return min(65535, math.ceil(2 * step_s + 1.5 * save_s) + STOP_MARGIN_S)
+
+
+def slurm_seconds(text: str) -> int:
+    """`--time` in seconds: M, M:S, H:M:S, D-H, D-H:M or D-H:M:S, as sbatch reads it."""
+    if not SLURM_TIME.fullmatch(text):
+        raise UserError(f"--time: {text!r} cannot go into an #SBATCH line; use M, H:M:S or D-H:M:S")
+    days, dash, rest = text.partition("-")
+    if not dash:
+        days, rest = "0", text
+    parts = [int(x) for x in rest.split(":")]
+    if dash:  # D-H, D-H:M, D-H:M:S
+        h, m, sec = [*parts, 0, 0][:3]
+    elif len(parts) == 1:  # M
+        h, m, sec = 0, parts[0], 0
+    elif len(parts) == 2:  # M:S
+        h, m, sec = 0, parts[0], parts[1]
+    else:
+        h, m, sec = parts
+    return int(days) * 86400 + h * 3600 + m * 60 + sec
+
+
 def _plain(flag: str, value: str | None, pattern: re.Pattern[str], what: str) -> str | None:
     if value is None:
         return None
@@ -92,13 +132,21 @@ def sbatch_path(flag: str, directory: str, pattern: str) -> str:
     return '"' + directory.replace("%", "%%").rstrip("/") + "/" + pattern + '"'
 
 
-def tasks_per_node(cluster: ClusterSpec) -> int:
-    """SLURM tasks per node for the cluster's DeepSpeed backend (see the module docstring)."""
-    return 1 if cluster.nodes == 1 or cluster.launcher == "pdsh" else cluster.gpus_per_node
+RANK_ENV = 'export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS"; exec "$@"'
+"""What each srun task runs before the program: torch.distributed's variables from SLURM's (a fixed string; the
+program and its arguments follow as positional parameters, so nothing in them is re-parsed by a shell)."""
+IGNORE_USR1 = "trap '' USR1; "
+"""Before dstk train: SIGUSR1 ignored until the rank listens for it (toolkit.run.stop.StopRequest.listen_early),
+instead of ending a rank that is still starting (the default action). The ignored disposition survives exec."""
+STOPPED = 138
+"""How a rank exits when SIGUSR1 stopped it at a checkpoint (128 + 10), and so srun."""
 
 
-def directives(cluster: ClusterSpec, options: SlurmOptions, run_dir: Path) -> list[str]:
-    """The #SBATCH lines, validated (UserError naming the flag for anything sbatch cannot carry)."""
+def directives(
+    cluster: ClusterSpec, options: SlurmOptions, run_dir: Path, lead_s: int | None = None
+) -> list[str]:
+    """The #SBATCH lines, validated (UserError naming the flag for anything sbatch cannot carry). `lead_s`:
+    warn the batch shell that long before the time limit, requeue, and append to the output file."""
     name = _plain("--job-name", options.job_name, NAME, "use letters, digits and ._+- (at most 128)")
     time = _plain("--time", options.time, SLURM_TIME, "use M, H:M:S or D-H:M:S")
     partition = _plain(
@@ -111,7 +159,7 @@ def directives(cluster: ClusterSpec, options: SlurmOptions, run_dir: Path) -> li
     lines = [
         f"--job-name={name}",
         f"--nodes={cluster.nodes}",
-        f"--ntasks-per-node={tasks_per_node(cluster)}",
+        f"--ntasks-per-node={cluster.gpus_per_node}",
     ]
     if gres:
         lines.append(f"--gres={gres}")
@@ -127,16 +175,17 @@ def directives(cluster: ClusterSpec, options: SlurmOptions, run_dir: Path) -> li
         lines.append(f"--partition={partition}")
     if account:
         lines.append(f"--account={account}")
+    if lead_s is not None:  # a requeued job appends to its output instead of starting it over
+        lines += [f"--signal=B:USR1@{lead_s}", "--requeue", "--open-mode=append"]
     lines.append(f"--output={sbatch_path('--run-dir', str(run_dir), 'slurm-%j.out')}")
     return [f"#SBATCH {line}" for line in lines]
 
 
-def _hostfile_block(cluster: ClusterSpec, hostfile: str) -> list[str]:
-    """Bash that turns SLURM_JOB_NODELIST into checked hosts, the hostfile and MASTER_ADDR."""
-    q = shlex.quote
+def _hosts_block(cluster: ClusterSpec) -> list[str]:
+    """Bash that checks SLURM_JOB_NODELIST's hosts and takes MASTER_ADDR from the first."""
     return [
         ': "${SLURM_JOB_NODELIST:?submit this script with sbatch (SLURM_JOB_NODELIST is not set)}"',
-        f"host_re={q(BASH_HOSTNAME)}",
+        f"host_re={shlex.quote(BASH_HOSTNAME)}",
         'hostlist=$(scontrol show hostnames "$SLURM_JOB_NODELIST")',
         "hosts=()",
         "while IFS= read -r host; do",
@@ -152,9 +201,31 @@ def _hostfile_block(cluster: ClusterSpec, hostfile: str) -> list[str]:
         f'  echo "dstk: the plan is for {cluster.nodes} node(s); SLURM allocated ${{#hosts[@]}}" >&2',
         "  exit 1",
         "fi",
-        f"printf '%s slots={cluster.gpus_per_node}\\n' \"${{hosts[@]}}\" > {q(hostfile)}",
         'export MASTER_ADDR="${hosts[0]}"',
     ]
+
+
+_RANKS = [
+    "# SLURM's warning before the time limit reaches this shell only (B:). It is passed to the ranks with scancel",
+    "# (srun itself dies of a USR1 that comes before it has set up its step), again every 10 s until they end:",
+    "# a rank ignores it until it can take it, then saves a checkpoint at the next step boundary and exits",
+    "stop=0",
+    "on_usr1() { stop=1; }",
+    "trap on_usr1 USR1",
+    "run_ranks() {  # srun in the background, so that the trap runs while the shell waits for it",
+    '  "$@" &',
+    "  local step=$! status=0 sent=-10",
+    '  while kill -0 "$step" 2> /dev/null; do',
+    "    if (( stop && SECONDS - sent >= 10 )); then",
+    '      scancel --signal=USR1 "$SLURM_JOB_ID" || true',
+    "      sent=$SECONDS",
+    "    fi",
+    "    sleep 1",
+    "  done",
+    '  wait "$step" || status=$?',
+    '  return "$status"',
+    "}",
+]
 
 
 def command_lines(argv: list[Word], indent: str = "  ", width: int = 100) -> str:
@@ -170,6 +241,21 @@ def command_lines(argv: list[Word], indent: str = "  ", width: int = 100) -> str
     return f" \\\n{indent}".join(lines)
 
 
+def srun_argv(cluster: ClusterSpec, program: list[str], python: str, usr1: bool = False) -> list[Word]:
+    """One srun task per rank, each running `program` (dstk train's arguments, a `.py` script and its arguments,
+    or `-m MODULE ...`) with the torch.distributed variables set from SLURM's (RANK_ENV)."""
+    if program and program[0] in ("-m", "--module"):
+        if len(program) < 2:
+            raise UserError("-m: a module name must follow")
+        words = [python, "-m", *program[1:]]
+    elif program and program[0].endswith(".py"):
+        words = [python, *program]
+    else:
+        words = [python, "-m", "toolkit.cli", "train", *program]
+    tasks = [f"--nodes={cluster.nodes}", f"--ntasks-per-node={cluster.gpus_per_node}", "--kill-on-bad-exit=1"]
+    return ["srun", *tasks, "bash", "-c", (IGNORE_USR1 if usr1 else "") + RANK_ENV, "dstk-rank", *words]
+
+
 def sbatch_script(
     cluster: ClusterSpec,
     program: list[str],
@@ -177,73 +263,77 @@ def sbatch_script(
     run_dir: Path,
     workdir: Path,
     options: SlurmOptions,
+    python: str,
     master_port: int = 29500,
-    include: str | None = None,
-    exclude: str | None = None,
     max_restarts: int = 0,
-    env_file: Path | None = None,
-    bin_dir: Path | None = None,
+    lead_s: int | None = None,
+    resume: list[str] | None = None,
 ) -> str:
     """The sbatch script text. `run_dir` and `workdir` must be absolute (the job may start elsewhere).
 
-    The launcher command is :func:`toolkit.launcher.command.launcher_argv`, exactly as `dstk launch` builds it, with
-    the hostfile written at start-up and `--master_addr "${MASTER_ADDR}"`. `max_restarts` > 0 reruns a failed
-    launcher with `--resume auto` appended, as `dstk launch --max-restarts` does. `env_file`: the
-    `.deepspeed_env` the ranks of a multi-node job get (`DS_ENV_FILE`), as `dstk launch` writes it.
-    `bin_dir`: where dstk's `deepspeed` is, put on PATH when the job's environment has none (a virtualenv
-    that the submitting shell had not activated).
+    The ranks are `srun_argv(program)`. `resume`: the program that continues from the newest checkpoint, run
+    after a failure (up to `max_restarts` times) and when the job was requeued (default: `program` with
+    `--resume auto`). `lead_s`: checkpoint and requeue that long before the time limit (module docstring).
     """
     if not (run_dir.is_absolute() and workdir.is_absolute()):
         raise ValueError("sbatch_script: run_dir and workdir must be absolute")
     if max_restarts < 0:
         raise UserError("--max-restarts: must not be negative")
-    hostfile = str(run_dir / "hostfile")
-    multi = cluster.nodes > 1
-    argv = launcher_argv(
-        cluster,
-        program,
-        hostfile=hostfile if multi else None,
-        master_addr=ShellVar("MASTER_ADDR") if multi else None,
-        master_port=master_port,
-        include=include,
-        exclude=exclude,
-        cwd=str(workdir),
-    )
-    env = {"MASTER_PORT": str(master_port), **network_env(cluster)}
-    if env_file is not None:
-        env["DS_ENV_FILE"] = str(env_file)
-    command = command_lines(argv)
+    if resume is None:
+        resume = program if "--resume" in program else [*program, "--resume", "auto"]
+    usr1 = lead_s is not None
+    first = command_lines(srun_argv(cluster, program, python, usr1), indent="    ")
+    again = command_lines(srun_argv(cluster, resume, python, usr1), indent="    ")
+    env = {"MASTER_PORT": str(master_port), **network_env(cluster), **_cluster_env(cluster)}
     body = [
         "#!/bin/bash",
-        *directives(cluster, options, run_dir),
+        *directives(cluster, options, run_dir, lead_s),
         f"# Written by dstk launch --slurm: {cluster.nodes} x {cluster.gpus_per_node} ranks on "
-        f"{re.sub(r'[^A-Za-z0-9._+-]', '?', cluster.name)}.",
+        f"{re.sub(r'[^A-Za-z0-9._+-]', '?', cluster.name)}, one srun task each.",
         "# Submit with sbatch from the environment dstk runs in (sbatch exports it to the job).",
         "set -euo pipefail",
         f"cd -- {shlex.quote(str(workdir))}",
+        *_hosts_block(cluster),
+        *[f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())],
         *(
-            [f'command -v deepspeed > /dev/null || export PATH={shlex.quote(str(bin_dir))}:"$PATH"']
-            if bin_dir is not None
+            ['export OMP_NUM_THREADS="${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}"']
+            if cluster.accelerator == "cpu"
             else []
         ),
-        *_hostfile_block(cluster, hostfile),
-        *[f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())],
+        *(_RANKS if lead_s is not None else ['run_ranks() { "$@"; }']),
+        "status=0",
+        "if (( ${SLURM_RESTART_COUNT:-0} > 0 )); then",
+        '  echo "dstk: job $SLURM_JOB_ID requeued (restart $SLURM_RESTART_COUNT): resuming from the newest complete '
+        'checkpoint" >&2',
+        f"  run_ranks {again} || status=$?",
+        "else",
+        f"  run_ranks {first} || status=$?",
+        "fi",
+        "attempt=0",
+        f"while (( status != 0 && status != {STOPPED} && attempt < {max_restarts} )); do",
+        "  attempt=$((attempt + 1))",
+        f'  echo "dstk: the job failed (exit $status); restart $attempt/{max_restarts} from the newest complete '
+        'checkpoint" >&2',
+        "  status=0",
+        f"  run_ranks {again} || status=$?",
+        "done",
     ]
-    if max_restarts == 0:
-        body.append(command)
-    else:
-        retry = argv if "--resume" in program else [*argv, "--resume", "auto"]
+    if lead_s is not None:
         body += [
-            "status=0",
-            f"{command} || status=$?",
-            "attempt=0",
-            f"while (( status != 0 && attempt < {max_restarts} )); do",
-            "  attempt=$((attempt + 1))",
-            f'  echo "dstk: the job failed (exit $status); restart $attempt/{max_restarts} from the newest '
-            'complete checkpoint" >&2',
-            "  status=0",
-            f"  {command_lines(retry, indent='    ')} || status=$?",
-            "done",
-            'exit "$status"',
+            f"if (( stop && status == {STOPPED} )); then",
+            '  echo "dstk: the time limit is near and the ranks saved a checkpoint: requeueing job $SLURM_JOB_ID, which '
+            'resumes there" >&2',
+            '  scontrol requeue "$SLURM_JOB_ID"',
+            "  exit 0",
+            "fi",
         ]
+    body.append('exit "$status"')
     return "\n".join(body) + "\n"
+
+
+def _cluster_env(cluster: ClusterSpec) -> dict[str, str]:
+    """The cluster file's `env`, checked as for every launch (toolkit.launcher.command.rank_env)."""
+    from toolkit.launcher.command import rank_env
+
+    given = cluster.env or {}
+    return {k: v for k, v in rank_env(cluster, {}).items() if k in given}

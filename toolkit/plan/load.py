@@ -27,13 +27,19 @@ M = TypeVar("M", bound=BaseModel)
 
 def read_text(path: Path, expected: str = "a YAML or JSON file") -> str:
     """The text of a file the user named, or a one-line UserError saying why it cannot be read."""
+    from toolkit.paths import read_user_text
+
     try:
-        return path.read_text(encoding="utf-8")
+        return read_user_text(path)  # UTF-8 with or without a byte-order mark, or UTF-16 with one
     except FileNotFoundError:
         raise UserError(f"{path}: file not found") from None
     except IsADirectoryError:
         raise UserError(f"{path}: is a directory, expected {expected}") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        raise UserError(
+            f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); save it as UTF-8"
+        ) from None
+    except OSError as exc:
         raise UserError(f"{path}: cannot read ({exc.__class__.__name__}: {exc})") from None
 
 

@@ -57,7 +57,13 @@ def console() -> Console:
     piped output keeps each line whole for grep (rich would otherwise break lines at 80 columns)."""
     from rich.console import Console
 
-    return Console(soft_wrap=True)
+    class _Quiet(Console):
+        def on_broken_pipe(self) -> None:
+            """rich's own exits with status 1; the reader leaving (`| head`) is no failure, and the CLI ends
+            with 0 on BrokenPipeError (toolkit.cli)."""
+            raise BrokenPipeError
+
+    return _Quiet(soft_wrap=True)
 
 
 def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> list[str]:

@@ -237,6 +237,9 @@ def _progress(rank: int) -> Any:
 
 
 def _worker(rank: int, world: int, port: int, nvme: str | None, queue: Any) -> None:
+    from toolkit.run.chatter import quiet
+
+    quiet()  # a spawned process: the CLI's silencing of library notices does not reach it
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -266,7 +269,9 @@ def _worker(rank: int, world: int, port: int, nvme: str | None, queue: Any) -> N
         )
     device = accel.device_name(rank)
     sync = accel.synchronize
-    deepspeed.init_distributed(dist_init_required=True)
+    from toolkit.run.chatter import init_distributed_quietly
+
+    init_distributed_quietly(lambda: deepspeed.init_distributed(dist_init_required=True))
     result: dict[str, Any] = {
         "rank": rank,
         "accelerator": accel.device_name(),

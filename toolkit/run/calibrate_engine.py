@@ -49,7 +49,11 @@ def _probe_engine(
         "steps_per_print": 10**9,
         **extra,
     }
-    model = GPT2LMHeadModel(GPT2Config(**gpt2)).to(device)
+    # special tokens inside the probe's vocabulary, and the loss named, as toolkit/run/models.py builds models:
+    # transformers otherwise warns about GPT-2's 50256 and an unset loss type on every probe, on every rank
+    ids = {key: gpt2["vocab_size"] - 1 for key in ("bos_token_id", "eos_token_id")}
+    model = GPT2LMHeadModel(GPT2Config(**gpt2, **ids)).to(device)
+    model.loss_type = "ForCausalLM"
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     x = torch.randint(0, gpt2["vocab_size"], (1, gpt2["n_positions"]), device=device)
     return engine, x

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import time
@@ -17,57 +18,65 @@ from typing import Any
 DEFAULT_PORT = 29500
 
 
-def rendezvous_port(asked: int | None, probe: bool) -> int:
-    """The port the job rendezvous on. A busy one fails only after every rank started (~30 s, an "address
-    already in use" traceback per rank); on one node dstk can see that first: a port the user named is refused
-    in one line, the default is replaced by a free one (said on stderr)."""
-    import socket
+def rendezvous_port(asked: int | None, probe: bool, token: str = "") -> tuple[int, Any]:
+    """The port the job rendezvous on, and its reservation (None where there is nothing to reserve). A busy
+    one fails only after every rank started (~30 s, then "address already in use" on rank 0); on one node dstk
+    can see that first, and holds the port's lock file until the job ends, so another dstk launch starting
+    meanwhile cannot pick the port its ranks have not bound yet (toolkit.launcher.lock.reserve_port). A port
+    the user named that is taken is refused in one line; the default is replaced by a free one (said)."""
+    from toolkit.launcher.lock import Lock, free_port_reserved, reserve_port
 
     port = asked or DEFAULT_PORT
     if not probe:
-        return port
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("", port))
-            return port
-        except OSError:
-            pass
+        return port, None
+    got = reserve_port(port, token)
+    if isinstance(got, Lock):
+        return port, got
     if asked is not None:
         from toolkit.errors import UserError
 
-        raise UserError(
-            f"--master-port: {port} is in use on this host (another job?); pick another, or omit it"
-        )
-    with socket.socket() as s:
-        s.bind(("", 0))
-        free = s.getsockname()[1]
-    print(f"dstk launch: port {port} is in use; the job rendezvous on {free}", file=sys.stderr)
-    return free
+        raise UserError(f"--master-port: {port} is in use on this host ({got}); pick another, or omit it")
+    free, lock = free_port_reserved(token)
+    print(f"dstk launch: port {port} is taken ({got}); the job rendezvous on {free}", file=sys.stderr)
+    return free, lock
 
 
-def train_parser() -> argparse.ArgumentParser:
-    """`dstk train`'s own parser (its flags from commands/train.py), to judge the arguments after `--`."""
+def train_parser(launch_flags: tuple[str, ...] = ()) -> argparse.ArgumentParser:
+    """`dstk train`'s own parser (its flags from commands/train.py), to judge the arguments after `--`; one of
+    `launch_flags` found there belongs before `--`."""
     from toolkit.commands import OneLineParser
     from toolkit.run.train_flags import add_train_arguments
 
     parser = OneLineParser(prog="dstk launch: after --: dstk train")
     add_train_arguments(parser)
+    mine = {f for a in parser._actions for f in a.option_strings}
+    parser.other_side = (
+        lambda: [f for f in launch_flags if f not in mine],
+        "a dstk launch flag: put it before -- (dstk launch [launch flags] -- [train flags])",
+    )
     return parser
 
 
-def preflight(path: Path, cluster: Any, train_args: list[str]) -> tuple[Any, list[str]]:
+def preflight(
+    path: Path, cluster: Any, train_args: list[str], launch_flags: tuple[str, ...] = ()
+) -> tuple[Any, list[str]]:
     """Everything the ranks would check (toolkit.run.preflight) and DeepSpeed's verdict on the config for the
     world about to start, before any rank starts or a script is written: a misspelt train flag, data
     prepared for another model, an unwritable checkpoint folder, a resume onto other data, a bad batch fail
     here in seconds with one line, not on every rank after start-up. Returns the checked TrainRun and the
     notes to say once."""
+    import os
+
     from toolkit.errors import UserError
     from toolkit.integrations.ds_input import read_ds_config
     from toolkit.integrations.validate import validate_config
+    from toolkit.launcher.lock import TOKEN_ENV
+    from toolkit.run.folders import hold, train_folders
     from toolkit.run.preflight import prepare_run
 
-    train = train_parser().parse_args([*train_args, "--config", str(path)])
+    train = train_parser(launch_flags).parse_args([*train_args, "--config", str(path)])
+    # another job in these folders is named first, whatever else is wrong (nothing taken yet)
+    hold(train_folders(train.run_dir, train.checkpoint_dir), os.environ.get(TOKEN_ENV, ""), dry_run=True)
     run, notes = prepare_run(train, cluster.world_size, cluster)
     cfg = read_ds_config(path)
     verdict = validate_config(cfg, cluster.world_size, cluster.accelerator)
@@ -92,6 +101,8 @@ def program_of(args: argparse.Namespace, cluster_file: Path, cluster: Any = None
     if program and program[0] == "--":
         program = program[1:]
     if program and (program[0] in ("-m", "--module") or program[0].endswith(".py")):
+        if args.config is not None and cluster is not None:
+            _judge_script_config(args.config, cluster, program)
         return program, None
     if args.config is None:
         if "--config" in program:  # a train flag, as dstk train takes it: dstk launch passes it on itself
@@ -103,7 +114,7 @@ def program_of(args: argparse.Namespace, cluster_file: Path, cluster: Any = None
     input_file(args.config, "--config", "a DeepSpeed JSON config")
     run = None
     if cluster is not None and not (args.include or args.exclude):
-        run, notes = preflight(args.config, cluster, program)
+        run, notes = preflight(args.config, cluster, program, getattr(args, "_launch_flags", ()))
         for note in notes:
             print(f"dstk launch: note: {note}", file=sys.stderr, flush=True)
         os.environ[PREFLIGHT_DONE] = "1"  # the ranks need not say the notes again
@@ -111,6 +122,28 @@ def program_of(args: argparse.Namespace, cluster_file: Path, cluster: Any = None
     if "--cluster" not in program:
         extra += ["--cluster", str(cluster_file)]
     return program + extra, run
+
+
+def _judge_script_config(path: Path, cluster: Any, program: list[str]) -> None:
+    """--config with a script of the user's own: judged for the world about to start, as dstk train's is. dstk
+    launch passes it to dstk train only; a script gets its own arguments, so when they do not name the file
+    that is said once (it used to be dropped without a word)."""
+    from toolkit.errors import UserError
+    from toolkit.integrations.ds_input import read_ds_config
+    from toolkit.integrations.validate import validate_config
+    from toolkit.paths import input_file
+
+    input_file(path, "--config", "a DeepSpeed JSON config")
+    verdict = validate_config(read_ds_config(path), cluster.world_size, cluster.accelerator)
+    if verdict.problems:
+        raise UserError(f"--config: {verdict.problems[0].text}")
+    if not any(str(path) in word for word in program):
+        print(
+            f"dstk launch: note: --config {path} is checked for this world, but {program[0]} gets only the "
+            "arguments after -- (give it the file there, e.g. --deepspeed_config FILE)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def make_attempt(
@@ -227,55 +260,6 @@ def default_job_name(program: list[str]) -> str:
     return "dstk"
 
 
-def write_slurm(args: argparse.Namespace, cluster: object) -> int:
-    """Write the sbatch script (and the run directory's cluster.yaml the job reads); start nothing."""
-    import os
-
-    import yaml
-
-    from toolkit.launcher.slurm import SlurmOptions, sbatch_script
-
-    run_dir = args.run_dir.resolve()
-    from toolkit.launcher.command import rank_env_file
-
-    ranks_env = rank_env_file(cluster, dict(os.environ), run_dir)
-    program, _ = program_of(args, run_dir / "cluster.yaml", cluster)
-    options = SlurmOptions(
-        job_name=args.job_name or default_job_name(program),
-        time=args.time,
-        partition=args.partition,
-        account=args.account,
-        cpus_per_task=args.cpus_per_task,
-        gres=args.gres,
-    )
-    script = sbatch_script(
-        cluster,  # type: ignore[arg-type]
-        program,
-        run_dir=run_dir,
-        workdir=Path(os.getcwd()),
-        options=options,
-        master_port=args.master_port or DEFAULT_PORT,
-        include=args.include,
-        exclude=args.exclude,
-        max_restarts=args.max_restarts,
-        env_file=ranks_env[0] if ranks_env is not None else None,
-        bin_dir=Path(sys.executable).parent if (Path(sys.executable).parent / "deepspeed").exists() else None,
-    )
-    run_dir.mkdir(parents=True, exist_ok=True)  # sbatch opens --output there before the script starts
-    if ranks_env is not None:
-        ranks_env[0].write_text(ranks_env[1])
-    (run_dir / "cluster.yaml").write_text(
-        yaml.safe_dump(cluster.model_dump(exclude_none=True), sort_keys=False)  # type: ignore[attr-defined]
-    )
-    args.slurm.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.slurm.with_name(args.slurm.name + ".tmp")
-    tmp.write_text(script, encoding="utf-8")
-    tmp.chmod(0o755)
-    tmp.replace(args.slurm)
-    print(f"wrote {args.slurm}; submit it with: sbatch {shlex.quote(str(args.slurm))}")
-    return 0
-
-
 def event(path: Path, record: dict[str, object]) -> None:
     with path.open("a", encoding="utf-8") as f:
         f.write(json.dumps({"time": time.time(), **record}) + "\n")
@@ -283,7 +267,7 @@ def event(path: Path, record: dict[str, object]) -> None:
 
 def launch(args: argparse.Namespace, cluster: Any) -> int:
     """`dstk launch` once its flags are read: the train command judged, the files written, then the job run
-    by the supervisor (or its command printed with --dry-run, or an sbatch script written with --slurm)."""
+    by the supervisor (or its command printed with --dry-run; `--slurm` is toolkit.run.slurm_job's)."""
     from toolkit.errors import UserError
     from toolkit.launcher.heartbeat import hang_timeout
     from toolkit.launcher.job import remove_shm_buffers
@@ -294,36 +278,70 @@ def launch(args: argparse.Namespace, cluster: Any) -> int:
             "--elastic: for a job on several nodes reached over pdsh/ssh (launcher: pdsh in the cluster file); "
             f"this one has {cluster.nodes} node(s), launcher {cluster.launcher}"
         )
-    from toolkit.paths import output_dir, output_file
+    import uuid
 
+    from toolkit.launcher.lock import TOKEN_ENV
+    from toolkit.paths import output_dir
+
+    os.environ[TOKEN_ENV] = uuid.uuid4().hex  # this job's: its ranks find their folders locked under it
     output_dir(args.run_dir, "--run-dir")
-    if args.slurm is not None:
-        output_file(args.slurm, "--slurm")
-        return write_slurm(args, cluster)
     from toolkit.launcher.command import hostfile_text
+    from toolkit.launcher.lock import check_folder
+
+    check_folder(args.run_dir, "dstk launch --run-dir")  # another job's, named before anything else is read
 
     hostfile_text(cluster)  # its host names are checked first, before the train command
     program, train = program_of(args, args.run_dir / "cluster.yaml", cluster)
-    args.master_port = rendezvous_port(args.master_port, cluster.nodes == 1 and not args.dry_run)
-    first = make_attempt(args, cluster, program, train)
-    if args.dry_run:  # the files the printed command names are written, so it runs as printed
-        print(first.shell)
-        return 0
-    _warn_before_start(first, cluster)
-    supervisor = Supervisor(
-        max_restarts=args.max_restarts,
-        hang_timeout_s=hang_timeout(args.hang_timeout, cluster, train),
-        events=args.run_dir / "launch_events.jsonl",
-        elastic=(lambda a, lost: shrink_to(args, train, a, lost)) if args.elastic else None,
-        after=(lambda: remove_shm_buffers(args.master_port)) if cluster.nodes == 1 else (lambda: None),
-        stopped=lambda signum: say_where_it_stopped(signum, program),
-    )
-    return supervisor.run(first)
+    # the port first: a taken one is refused before any folder is created
+    probe = cluster.nodes == 1 and not args.dry_run
+    args.master_port, port = rendezvous_port(args.master_port, probe, os.environ[TOKEN_ENV])
+    locks = [port] if port is not None else []
+    try:
+        locks += _hold_folders(args, train)
+        first = make_attempt(args, cluster, program, train)
+        if args.dry_run:  # the files the printed command names are written, so it runs as printed
+            print(first.shell)
+            return 0
+        _warn_before_start(first, cluster, train)
+        supervisor = Supervisor(
+            max_restarts=args.max_restarts,
+            hang_timeout_s=hang_timeout(args.hang_timeout, cluster, train),
+            events=args.run_dir / "launch_events.jsonl",
+            elastic=(lambda a, lost: shrink_to(args, train, a, lost)) if args.elastic else None,
+            after=(lambda: remove_shm_buffers(args.master_port)) if cluster.nodes == 1 else (lambda: None),
+            stopped=lambda signum: say_where_it_stopped(signum, program),
+        )
+        return supervisor.run(first)
+    finally:
+        for lock in locks:
+            lock.release()
 
 
-def _warn_before_start(first: Any, cluster: Any) -> None:
+def _hold_folders(args: argparse.Namespace, train: Any) -> list[Any]:
+    """The job's folders (this launch's run folder, dstk train's run and checkpoint folders) locked for the
+    whole job, its ranks given the token that says the locks are theirs (toolkit.launcher.lock); a dry run
+    only refuses folders another job holds. Stale locks taken over are said."""
+    from toolkit.launcher.lock import TOKEN_ENV
+    from toolkit.run.folders import hold, train_folders
+
+    folders = [(args.run_dir, "dstk launch --run-dir")]
+    if train is not None:
+        seen = {args.run_dir.resolve()}
+        folders += [
+            (f, flag)
+            for f, flag in train_folders(train.run_dir, train.checkpoint_dir)
+            if f.resolve() not in seen
+        ]
+    locks, notes = hold(folders, os.environ[TOKEN_ENV], dry_run=args.dry_run)
+    for note in notes:
+        print(f"dstk launch: note: {note}", file=sys.stderr, flush=True)
+    return locks
+
+
+def _warn_before_start(first: Any, cluster: Any, train: Any) -> None:
     """What would otherwise look like a hang at start-up: a stale JIT build lock, a first op build."""
-    from toolkit.launcher.job import built_op, stale_build_locks
+    from toolkit.launcher.job import stale_build_locks
+    from toolkit.run.jit import announcement
 
     for lock in stale_build_locks(first.env):
         print(
@@ -332,10 +350,6 @@ def _warn_before_start(first: Any, cluster: Any) -> None:
             file=sys.stderr,
             flush=True,
         )
-    if cluster.accelerator == "cpu" and not built_op("deepspeed_shm_comm", first.env):
-        print(
-            "dstk launch: first launch with this extensions cache: DeepSpeed compiles its CPU communication op "
-            "(shm_comm) before step 1, about a minute on 2 cores, once (cached under TORCH_EXTENSIONS_DIR)",
-            file=sys.stderr,
-            flush=True,
-        )
+    said = announcement(cluster.accelerator, train.config if train is not None else None, first.env)
+    if said:
+        print(f"dstk launch: {said}", file=sys.stderr, flush=True)

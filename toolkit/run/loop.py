@@ -22,6 +22,7 @@ from toolkit.errors import UserError
 from toolkit.plan.layout import Layout, data_parallel_size
 from toolkit.plan.specs import ModelSpec
 from toolkit.run.comms_log import CommsTally
+from toolkit.run.data_fit import at_seq_length
 from toolkit.run.engine_state import held_bytes
 from toolkit.run.evaluate import evaluate
 from toolkit.run.heartbeat import NO_BEAT
@@ -121,9 +122,8 @@ class Trainer:
         self._grad_norm: Any = None
         self.record = Record()
         tokens = layout.global_batch_size * self.train_data.seq_length
-        self.meter = Meter(
-            model, rt.world_size, tokens, peak_flops, warmup=LEAN_STEPS, frozen=layout.lora is not None
-        )
+        trained = at_seq_length(model, self.train_data.seq_length)  # the data's rows, not the model's
+        self.meter = Meter(trained, rt.world_size, tokens, peak_flops, LEAN_STEPS, layout.lora is not None)
         self.channel = StepChannel(rt)
         """Each step's loss, gradient norm, stop request and time, read back one step behind
         (toolkit.run.step_sync)."""
@@ -272,9 +272,10 @@ class Trainer:
         first = not self._states_measured and (self.step >= 1 or self.opts.steps == 1)
         self._states_measured = self._states_measured or first
         gb = self.layout.global_batch_size
-        fault = next((f for f in self.faults if f.fires(self.step + 1, self.position, gb)), None)
+        faults = [f for f in self.faults if not (f.first_run and self.resumed)]
+        fault = next((f for f in faults if f.fires(self.step + 1, self.position, gb)), None)
         if fault is not None and fault.kind == "slow":
-            time.sleep(0.5)
+            time.sleep(fault.seconds)
         aux: list[Any] = []
         self.channel.begin()
         if self.layout.pp > 1:
@@ -304,9 +305,8 @@ class Trainer:
             self.record.aux_losses.extend(rec.aux)
             self.meter.add(rec.seconds, rec.period)
             self.stragglers.add(rec.step, rec.period, rec.alone)
-            if rec.stop and not self.stopped_by:
-                # SIGTERM's convention when another rank got it first
-                self.stopped_by = (self.stop.signum if self.stop is not None else 0) or 15
+            if rec.stop and not self.stopped_by:  # the asking ranks' signal, else SIGTERM's convention
+                self.stopped_by = rec.signum or (self.stop.signum if self.stop is not None else 0) or 15
             self.last = rec
         return self.last
 

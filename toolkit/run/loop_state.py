@@ -141,3 +141,5 @@ class TrainRun:
     loop: LoopOptions
     lora: str | None = None
     """LoRA spec (`r=16,alpha=32`): adapters train, the base stays frozen; from --lora or the config's plan."""
+    overwrite_checkpoints: bool = False
+    """--overwrite-checkpoints: rank 0 removes the checkpoint folder's earlier checkpoints before step 1."""

@@ -22,6 +22,7 @@ from typing import Any
 
 from toolkit.errors import UserError
 from toolkit.run.checkpoint import MANIFEST, check, complete_tags, newest_complete
+from toolkit.run.folders import check_checkpoint_dir
 
 # layout fields whose change a plain (non-universal) DeepSpeed checkpoint cannot follow
 _PARTITIONING = ("zero_stage", "tp", "pp", "ep", "sp")
@@ -229,10 +230,13 @@ def prepare_run(args: Any, world: int, cluster: Any = None) -> tuple[Any, list[s
         from toolkit.run.models import check_init_from
 
         check_init_from(model, args.init_from)
-    if args.data is not None:
-        check_data(model, args.data)
-    notes = [n for n in (schedule_note(steps, config), _planned_for(block, model)) if n]
+    manifest = check_data(model, args.data) if args.data is not None else None
     request = request_from_config(config, world)  # DeepSpeed's batch arithmetic for this world, before torch
+    notes = [n for n in (schedule_note(steps, config), _planned_for(block, model)) if n]
+    batching = batching_options(args, config)
+    notes += _data_notes(args, model, manifest, request.global_batch_size, steps, batching is not None)
+    cleared = check_checkpoint_dir(args.checkpoint_dir, args.resume, args.overwrite_checkpoints)
+    notes += [cleared] if cleared else []
     steps_left = (
         None if args.eval_only else steps
     )  # --eval-only trains nothing: a checkpoint at --steps is fine
@@ -273,7 +277,7 @@ def prepare_run(args: Any, world: int, cluster: Any = None) -> tuple[Any, list[s
         faults=tuple(Fault.parse(f) for f in args.inject_fault or ()),
         straggler_ratio=args.straggler_ratio,
         on_save_error=args.on_save_error,
-        batching=batching_options(args, config),
+        batching=batching,
         new_data=args.new_data,
     )
     run = TrainRun(
@@ -287,9 +291,24 @@ def prepare_run(args: Any, world: int, cluster: Any = None) -> tuple[Any, list[s
         cluster=cluster,
         keep_last=args.keep_last,
         loop=loop,
+        overwrite_checkpoints=args.overwrite_checkpoints,
         lora=lora_spec(args.lora, block.layout.lora if block.layout else None),
     )
     return run, notes
+
+
+def _data_notes(
+    args: Any, model: Any, manifest: Any, global_batch: int | None, steps: int, budget: bool
+) -> list[str]:
+    """Rows against one global batch (refused when fewer), the epochs `--steps` reads, the data's sequence
+    length against the model's: what the pre-flight can know from the manifest (toolkit.run.data_fit)."""
+    from toolkit.run.data_fit import check_rows, epochs_note, seq_length_note
+
+    if manifest is None:
+        return []
+    check_rows(args.data, manifest, global_batch, budget)
+    found = (epochs_note(manifest, global_batch, steps, budget), seq_length_note(model, manifest))
+    return [n for n in found if n]
 
 
 def _planned_for(block: Any, model: Any) -> str | None:
@@ -326,7 +345,9 @@ def checkpoint_tiers(args: Any, block: Any, model: Any = None) -> tuple[bool, in
         raise UserError("--snapshot-every: must not be negative")
     if every and args.checkpoint_dir is None:
         raise UserError("--snapshot-every: needs --checkpoint-dir (the snapshots are named after it)")
-    nodes = int(os.environ.get("CROSS_SIZE", "1"))  # set by DeepSpeed's launch.py on every rank
+    nodes = int(
+        os.environ.get("CROSS_SIZE") or os.environ.get("SLURM_STEP_NUM_NODES") or 1
+    )  # launch.py, or srun
     if every and nodes > 1:
         raise UserError(
             f"--snapshot-every: shared-memory snapshots are node-local and this job spans {nodes} nodes; "

@@ -68,7 +68,9 @@ def init_distributed() -> Runtime:
         os.environ.update(
             RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())
         )
-    deepspeed.init_distributed(dist_init_required=True)
+    from toolkit.run.chatter import init_distributed_quietly
+
+    init_distributed_quietly(lambda: deepspeed.init_distributed(dist_init_required=True))
     accel = deepspeed.get_accelerator()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     accel.set_device(local_rank)
@@ -173,6 +175,9 @@ def exit_without_teardown(code: int = 0) -> None:
     import os
     import sys
 
+    from toolkit.launcher.lock import release_all
+
+    release_all()  # the folders this rank locked (os._exit skips atexit)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

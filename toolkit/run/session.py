@@ -187,15 +187,32 @@ def _resume_tag(ckpt: Any, run: TrainRun) -> str | None:
     return run.resume
 
 
+def _fresh_start(run: TrainRun) -> None:
+    """A run that starts at step 0 (rank 0): an earlier run's checkpoints removed when
+    --overwrite-checkpoints says so (the pre-flight refused them otherwise), its records in the run folder
+    set aside, each said once (toolkit.run.folders)."""
+    from toolkit.run.folders import remove_checkpoints, set_aside_records
+
+    if run.overwrite_checkpoints and run.checkpoint_dir is not None:
+        removed = remove_checkpoints(run.checkpoint_dir)
+        if removed:
+            print(
+                f"--overwrite-checkpoints: removed {', '.join(removed)} from {run.checkpoint_dir}", flush=True
+            )
+    note = set_aside_records(run.run_dir)
+    if note:
+        print(f"note: {note}", flush=True)
+
+
 def main(run: TrainRun) -> dict[str, Any]:
     import contextlib
-    import warnings
 
     import deepspeed
 
     from toolkit.integrations.ds_input import idle_comms_logger, without_idle_comms_logger
     from toolkit.integrations.ds_layout import layout_from_config
     from toolkit.parallel import ulysses
+    from toolkit.run.chatter import quiet
     from toolkit.run.loop import Trainer
     from toolkit.run.metrics import Logger
     from toolkit.run.models import build_model
@@ -205,10 +222,7 @@ def main(run: TrainRun) -> dict[str, Any]:
     from toolkit.run.summary import summarize
     from toolkit.run.universal import is_universal
 
-    # DeepSpeed's ZeRO calls the torch API this deprecates on every step, from every rank
-    warnings.filterwarnings(
-        "ignore", message=".*all_gather_into_tensor.* is deprecated", category=FutureWarning
-    )
+    quiet()  # library notices that tell the user nothing (toolkit.run.chatter); the CLI did it already
     rt = init_distributed()
     from toolkit.run.heartbeat import Heartbeat
 
@@ -247,6 +261,8 @@ def main(run: TrainRun) -> dict[str, Any]:
         mpu = ulysses.register(model, layout) if layout.sp > 1 else None
         ckpt = _tiers(run, rt.rank)
         tag = _resume_tag(ckpt, run)
+        if tag is None and rt.is_main:
+            _fresh_start(run)
         if ckpt is not None and tag is None and run.loop.crash_at_step and rt.rank == run.loop.crash_rank:
             ckpt.crash = (run.loop.crash_at_step, run.loop.crash_during)  # test-only, as --crash-at-step
         config = _monitors_under(without_idle_comms_logger(run.config), run.run_dir)

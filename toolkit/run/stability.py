@@ -176,10 +176,10 @@ class SpikeDetector:
 
 @dataclass(frozen=True)
 class Fault:
-    """A fault the tests inject (`--inject-fault STEP[+]:nan|spike|slow[@RANK]`).
+    """A fault the tests inject (`--inject-fault STEP[+]:nan|spike|slow[=S][@RANK][,first-run]`).
 
-    `slow` sleeps half a second before each step it fires on and changes nothing else: a run a test can
-    signal mid-step and still compare, loss for loss, with one that was never slowed.
+    `slow` sleeps half a second (`slow=S`: S seconds) before each step it fires on and changes nothing else:
+    a run a test can signal mid-step and still compare, loss for loss, with one that was never slowed.
 
     `nan` makes the step's loss NaN: its gradients are NaN, clipping cannot help (the norm is NaN), and at
     ZeRO-0 Adam writes NaN into every weight. `spike` multiplies the step's gradients by 1e4 and lets them
@@ -201,11 +201,21 @@ class Fault:
     persistent: bool = False
     rank: int | None = None
     """`slow@RANK`: only that rank sleeps (a straggler, toolkit.run.stragglers); None: every rank."""
+    seconds: float = 0.5
+    """How long `slow` sleeps before each step."""
+    first_run: bool = False
+    """`,first-run`: only in a run that did not resume (a job slowed until it is stopped, then resumed fast)."""
 
     @classmethod
-    def parse(cls, text: str) -> Fault:
+    def parse(cls, given: str) -> Fault:
+        text, comma, only = given.partition(",")
+        if comma and only != "first-run":
+            text = ""  # refused below
         step, _, kind = text.partition(":")
         kind, at, rank = kind.partition("@")
+        kind, eq, seconds = kind.partition("=")
+        if eq and (kind != "slow" or not seconds.replace(".", "", 1).isdigit()):
+            kind = ""  # refused below
         persistent = step.endswith("+")
         step = step.removesuffix("+")
         if (
@@ -215,10 +225,11 @@ class Fault:
             or (at and (kind != "slow" or not rank.isdigit()))
         ):
             raise UserError(
-                f"--inject-fault: expected STEP[+]:nan|spike|slow[@RANK] with STEP >= 1 (@RANK with slow only), "
-                f"got {text!r}"
+                f"--inject-fault: expected STEP[+]:nan|spike|slow[=S][@RANK][,first-run] with STEP >= 1 (=S, @RANK: slow only), "
+                f"got {given!r}"
             )
-        return cls(int(step), kind, persistent, int(rank) if at else None)  # type: ignore[arg-type]
+        wait = float(seconds) if eq else 0.5
+        return cls(int(step), kind, persistent, int(rank) if at else None, wait, bool(comma))  # type: ignore[arg-type]
 
     def fires(self, step: int, start_row: int, global_batch: int) -> bool:
         """Whether it hits the step numbered `step` that starts at data row `start_row`."""

@@ -42,7 +42,7 @@ class StepRecord:
     grad_norm: float | None
     """The engine's pre-clipping global norm (inf for DeepSpeed's invalid-norm sentinel); None when it has none."""
     stop: bool
-    """Some rank was asked to stop (SIGTERM/SIGINT) before this step ended."""
+    """Some rank was asked to stop (SIGTERM/SIGINT/SIGUSR1) before this step ended."""
     aux: tuple[float, ...]
     """This rank's router losses, one per micro-batch (dstk's MoE layers)."""
     seconds: float
@@ -56,6 +56,9 @@ class StepRecord:
     start: the work this rank does on its own (data, host work, the forward). Ranks leave a step together, so
     a slow rank takes longer over this while the others wait for it at that collective, where their own time
     does not show it (toolkit.run.stragglers). None where `period` is."""
+    signum: int = 0
+    """The signal those ranks got, when they agree (a SLURM time-limit warning reaches every rank, not all
+    before the same step); 0 when none or they differ."""
 
 
 def to_device(tensor: Any, device: Any) -> Any:
@@ -166,6 +169,7 @@ class StepChannel:
                 device_scalar(loss, device),
                 device_scalar(grad_norm if has_norm else 0.0, device),
                 device_scalar(float(stop > 0), device),
+                device_scalar(float(stop), device),
             ]
         )
         reduced = self._all_reduce(reduced)
@@ -216,14 +220,15 @@ class StepChannel:
                 p.ready.synchronize()  # this record's copy and everything queued before it are done
             values = p.host.tolist()
             n = self.rt.world_size
-            loss, norm, stop = values[0] / n, values[1] / n, values[2]
+            loss, norm, stop, signals = values[0] / n, values[1] / n, values[2], values[3]
             out.append(
                 StepRecord(
                     step=p.step,
                     loss=loss,
                     grad_norm=(math.inf if norm < 0 else norm) if p.has_norm else None,
                     stop=stop > 0,
-                    aux=tuple(values[3 : 3 + p.n_aux]),
+                    signum=round(signals / stop) if stop > 0 and signals % stop == 0 else 0,
+                    aux=tuple(values[4 : 4 + p.n_aux]),
                     seconds=self.clock.seconds(p.start, p.stop),
                     period=None if p.previous_stop is None else self.clock.seconds(p.previous_stop, p.stop),
                     alone=None

@@ -61,8 +61,11 @@ def summarize(trainer: Any, run: Any, layout: Layout) -> dict[str, Any]:
         }
     if run.cluster is not None:
         from toolkit.plan.cost.estimate import estimate
+        from toolkit.run.data_fit import at_seq_length
 
-        predicted = estimate(run.model, run.cluster, layout).to_dict()
+        # priced at the data's sequence length, which is what trained (the model's may be longer)
+        priced = at_seq_length(run.model, trainer.train_data.seq_length)
+        predicted = estimate(priced, run.cluster, layout).to_dict()
         summary["predicted"] = predicted
     if trainer.rt.is_main:
         if run.cluster is not None:  # on rank 0 only: it may detect the host (nvidia-smi) again

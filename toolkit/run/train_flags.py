@@ -87,9 +87,16 @@ def _add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
         "--save-every",
         type=int,
         metavar="K",
-        help="checkpoint every K steps and at the end (default: the plan's Young/Daly interval)",
+        help="checkpoint every K steps and at the end; 0: only at the end (default: the plan's Young/Daly "
+        "interval)",
     )
-    group.add_argument("--keep-last", type=int, default=3, metavar="K", help="complete checkpoints to keep")
+    group.add_argument(
+        "--keep-last",
+        type=int,
+        default=3,
+        metavar="K",
+        help="complete checkpoints to keep, the newest; 0: keep every one (default: 3)",
+    )
     group.add_argument(
         "--async-save",
         action=argparse.BooleanOptionalAction,
@@ -121,7 +128,15 @@ def _add_resume_arguments(group: Any) -> None:
         "--resume",
         default="never",
         metavar="auto|never|TAG",
-        help="auto: continue from the newest complete checkpoint",
+        help="auto: continue from the newest complete checkpoint (none there: start at step 0); TAG: that "
+        "checkpoint; never: start at step 0, refused where --checkpoint-dir already holds checkpoints "
+        "(default: never)",
+    )
+    group.add_argument(
+        "--overwrite-checkpoints",
+        action="store_true",
+        help="start over at step 0 where --checkpoint-dir holds an earlier run's checkpoints: they are removed "
+        "before the first step (without it such a folder is refused unless resumed)",
     )
     group.add_argument(
         "--new-data",
@@ -159,7 +174,10 @@ def _add_test_faults(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--slow-snapshot", type=float, default=0.0, metavar="S", help=argparse.SUPPRESS)
     parser.add_argument(
-        "--inject-fault", action="append", metavar="STEP[+]:nan|spike|slow[@RANK]", help=argparse.SUPPRESS
+        "--inject-fault",
+        action="append",
+        metavar="STEP[+]:nan|spike|slow[=S][@RANK][,first-run]",
+        help=argparse.SUPPRESS,
     )
 
 

@@ -1,0 +1,1 @@
+"""Never run: dstk launch refuses the launches that name it (tests/test_bad_inputs.py)."""
