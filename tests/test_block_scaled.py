@@ -70,13 +70,13 @@ def test_a_gpu_without_the_format_is_refused_in_one_line(cluster, precision, why
 def test_the_runtimes_dstk_configures_refuse_the_recipes_in_one_line(argv, tmp_path) -> None:
     """dstk train runs torchao.float8 (tensorwise); Megatron-DeepSpeed's parser has no --fp8-recipe or
     --fp4-recipe (tests/data/megatron_deepspeed_flags.txt): `dstk estimate` prices the recipes, config and plan
-    refuse them (rule mxfp8_nvfp4_are_estimate_only)."""
+    refuse them (rule mxfp8_nvfp4_are_megatron_core_only)."""
     out = ["-o", str(tmp_path / "ds.json")] if argv[0] == "config" else []
     r = dstk(*argv, "--model", "llama-7b", "--cluster", "dgx-b200", "--precision", "nvfp4", *out)
     assert r.code == 2 and len(r.err.strip().splitlines()) == 1
     assert re.search(
         r"--precision nvfp4: Transformer Engine's NVFP4 recipe, which neither dstk train \(torchao.float8, "
-        r"tensorwise\) nor Megatron-DeepSpeed \(no --fp8-recipe/--fp4-recipe\) runs; price it with dstk estimate",
+        r"tensorwise\) nor Megatron-DeepSpeed \(no --fp8-recipe/--fp4-recipe\) runs; use --target megatron-core",
         r.err,
     )
     assert "hf_pipeline" not in r.err  # said once, not per rule of the planner's search

@@ -17,7 +17,7 @@ from toolkit.plan.query import DEFAULT_MARGIN, PlanQuery
 from toolkit.plan.rules import RULES, resolve_layout
 from toolkit.run.trace import trace_config
 
-BOTH = ("layout", "deepspeed", "runs")
+BOTH = ("layout", "deepspeed", "runs", "core")
 
 # One violating layout per rule: (rule name, model, cluster, overrides, request fields, message pattern)
 RULE_CASES = [
@@ -51,7 +51,39 @@ RULE_CASES = [
         "dgx-a100-80g",
         {},
         dict(comm_overlap=True),
-        r"--comm-overlap: Megatron-Core's overlaps",
+        r"--comm-overlap \(--overlap-param-gather, --tp-comm-overlap\): Megatron-Core's; .*--target megatron-core",
+    ),
+    (
+        "pipeline_layout_fits",
+        "qwen3-235b-a22b",
+        "dgx-h100",
+        {"nodes": 32},
+        dict(pp=8, virtual_stages=4, pipeline_layout="Et*2|(t*3|)*30tL", ep=8, etp=1),
+        r"--pipeline-layout: 93 decoder blocks t, but the model has n_layers\(94\)",
+    ),
+    (
+        "etp_and_dispatcher_need_moe",
+        "llama-7b",
+        "dgx-h100",
+        {},
+        dict(etp=1, moe_dispatcher="deepep"),
+        r"--etp, --moe-dispatcher: these place routed experts; llama-7b has num_experts=0",
+    ),
+    (
+        "ep_comm_overlap_needs",
+        "qwen3-30b-a3b",
+        "dgx-h100",
+        {"nodes": 2},
+        dict(ep=8, etp=1, pp=2, ep_comm_overlap=True),
+        r"--ep-comm-overlap: with --pp > 1 Megatron-Core needs --virtual-stages > 1",
+    ),
+    (
+        "megatron_core_runs_zero1_adamw",
+        "llama-7b",
+        "dgx-h100",
+        {},
+        dict(zero_stage=3),
+        r"--zero-stage: Megatron-Core's distributed optimizer is ZeRO-1; stage 3 is DeepSpeed's",
     ),
     (
         "fsdp_shards_as_zero2_or_3",
@@ -238,7 +270,7 @@ RULE_CASES = [
         r"cores; GPUs with MXFP8: b200, b300, gb200, gb300, mi355x, mi350x",
     ),
     (
-        "mxfp8_nvfp4_are_estimate_only",
+        "mxfp8_nvfp4_are_megatron_core_only",
         "llama-7b",
         "dgx-b200",
         {},
@@ -310,7 +342,7 @@ def test_named_rule_rejects_with_message(rule, model, cluster, over, fields, mat
         m = m.model_copy(update={"num_experts": 4})
     c = load_cluster(cluster, over)
     with pytest.raises(UserError, match=match) as info:
-        resolve_layout(m, c, LayoutRequest(**fields), (*BOTH, "megatron"))
+        resolve_layout(m, c, LayoutRequest(**fields), (*BOTH, "megatron", "megatron-core"))
     assert "\n" not in str(info.value)
 
 

@@ -315,10 +315,11 @@ def layout_request_from_args(args: argparse.Namespace) -> Any:
 def add_target_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--target",
-        choices=("deepspeed", "megatron"),
+        choices=TARGETS,
         default="deepspeed",
         help="runtime the layout is for: deepspeed (HF models in the DeepSpeed engine: AutoTP architectures only, "
-        "data-parallel pipelines) or megatron (Megatron-DeepSpeed: any TP/PP)",
+        "data-parallel pipelines), megatron (Megatron-DeepSpeed: any TP/PP) or megatron-core (Megatron-LM's "
+        "Megatron-Core: expert folding, interleaved and uneven pipelines, MTP, MXFP8/NVFP4)",
     )
 
 
@@ -330,12 +331,19 @@ def add_allow_fp8_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
+TARGETS = ("deepspeed", "megatron", "megatron-core")
+# Rule scopes (toolkit.plan.rules.Rule.scope) each target runtime must respect: "runs" is what dstk can run or
+# configure at all, "core" what only Megatron-Core runs
+TARGET_SCOPES = {
+    "deepspeed": ("layout", "deepspeed", "runs", "core"),
+    "megatron": ("layout", "megatron", "runs", "core"),
+    "megatron-core": ("layout", "megatron-core", "runs"),
+}
+
+
 def scopes_from_args(args: argparse.Namespace) -> tuple[str, ...]:
-    """Rule scopes (toolkit.plan.rules.Rule.scope) the target runtime must respect: "runs" is what dstk can run
-    or configure at all (not the Megatron-Core-only knobs `dstk estimate` prices for published runs)."""
-    if getattr(args, "target", "deepspeed") == "deepspeed":
-        return ("layout", "deepspeed", "runs")
-    return ("layout", "megatron", "runs")
+    """The rule scopes of the target runtime `args` name (TARGET_SCOPES)."""
+    return TARGET_SCOPES[getattr(args, "target", "deepspeed")]
 
 
 def print_json(data: Any) -> None:

@@ -23,8 +23,21 @@ def ep_divides(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str |
     if m.num_experts % r.ep:
         valid = _divisors(m.num_experts)
         return f"--ep: num_experts({m.num_experts}) must be divisible by ep({r.ep}); valid: {', '.join(map(str, valid))}"
+    if r.etp is not None:
+        # Megatron-Core's expert grid ETP × EP × EDP spans the same ranks as attention's TP × CP × DP
+        # (megatron/core/parallel_state.py:871-885 @ d98e8a64: world % (ETP·EP·PP) == 0)
+        ranks = r.tp * r.sp * dp
+        if ranks % (r.etp * r.ep):
+            return (
+                f"--ep/--etp: etp({r.etp}) × ep({r.ep}) must divide the stage's tp({r.tp}) × sp({r.sp}) × "
+                f"dp({dp}) = {ranks} ranks, over which Megatron-Core folds the experts"
+            )
+        return None
     if dp % r.ep:
-        return f"--ep: the data-parallel degree dp({dp}) must be divisible by ep({r.ep})"
+        return (
+            f"--ep: the data-parallel degree dp({dp}) must be divisible by ep({r.ep}) (DeepSpeed keeps experts "
+            "inside the data-parallel ranks; Megatron-Core folds them over TP × CP × DP: --etp 1, --target megatron-core)"
+        )
     return None
 
 

@@ -78,17 +78,18 @@ def needs_block_scaled_tensor_cores(m: ModelSpec, c: ClusterSpec, r: LayoutReque
 
 
 def estimate_only(m: ModelSpec, r: LayoutRequest, dp: int) -> str | None:
-    """MXFP8 and NVFP4 are priced as Transformer Engine's recipes run them (Megatron-Core's `--fp8-recipe
-    mxfp8`, `--fp4-recipe nvfp4`), which neither runtime dstk configures builds: dstk train's low precision is
-    torchao.float8's tensorwise scaling (toolkit/run/fp8.py), and Megatron-DeepSpeed's is TE's DelayedScaling,
-    built for transformer-engine < 2.0, with no recipe flag in its parser — only --fp8-e4m3/--fp8-hybrid and
-    the amax settings (tests/data/megatron_deepspeed_flags.txt, from megatron/arguments.py @ f1feb88)."""
+    """MXFP8 and NVFP4 are Transformer Engine's recipes as Megatron-Core runs them (`--fp8-recipe mxfp8`,
+    `--fp4-format e2m1 --fp4-recipe nvfp4`), which the other runtimes dstk configures do not build: dstk train's
+    low precision is torchao.float8's tensorwise scaling (toolkit/run/fp8.py), and Megatron-DeepSpeed's is TE's
+    DelayedScaling, built for transformer-engine < 2.0, with no recipe flag in its parser — only
+    --fp8-e4m3/--fp8-hybrid and the amax settings (tests/data/megatron_deepspeed_flags.txt, from
+    megatron/arguments.py @ f1feb88)."""
     if r.precision not in BLOCK_SCALED_NAMES:
         return None
     return (
         f"--precision {r.precision}: Transformer Engine's {BLOCK_SCALED_NAMES[r.precision]} recipe, which neither "
         "dstk train (torchao.float8, tensorwise) nor Megatron-DeepSpeed (no --fp8-recipe/--fp4-recipe) runs; "
-        "price it with dstk estimate, or train in fp8"
+        "use --target megatron-core, or train in fp8"
     )
 
 
@@ -159,7 +160,7 @@ def block_scaled_refusal(c: ClusterSpec, precision: str, scopes: tuple[str, ...]
         return None
     request = LayoutRequest(precision=precision)  # type: ignore[arg-type]
     found = [block_scaled_problem(c, precision)]
-    if "runs" in scopes:
+    if "core" in scopes:
         found.append(estimate_only(None, request, 1))  # type: ignore[arg-type]
     return "; ".join(p for p in found if p) or None
 

@@ -66,6 +66,11 @@ LAYOUT_FLAGS: dict[str, str] = {
     "flash_attention": "--flash-attention",
     "virtual_stages": "--virtual-stages",
     "comm_overlap": "--comm-overlap",
+    "etp": "--etp",
+    "moe_dispatcher": "--moe-dispatcher",
+    "moe_routing": "--moe-routing",
+    "ep_comm_overlap": "--ep-comm-overlap",
+    "pipeline_layout": "--pipeline-layout",
     "fsdp": "--fsdp",
     "fsdp_backward_prefetch": "--fsdp-backward-prefetch",
     "lora": "--lora",
@@ -160,6 +165,30 @@ class LayoutRequest(BaseModel):
     (`--overlap-grad-reduce --overlap-param-gather`), and Transformer Engine's userbuffers hiding each TP
     collective behind the GEMM beside it (`--tp-comm-overlap`). Off: DeepSpeed's schedule, where ZeRO-1/2's
     all-gather of updated parameters follows the step and TP collectives sit between GEMMs."""
+    etp: int | None = Field(default=None, gt=0)
+    """Expert tensor parallelism, Megatron-Core's `--expert-tensor-parallel-size`. Set, the MoE layers run as
+    Megatron-Core runs them ("MoE Parallel Folding", Liu et al. 2025): experts over ETP × EP × EDP ranks drawn
+    from the same ranks as attention's TP × CP × DP (EP may exceed DP), each TP/CP rank dispatching its own
+    tokens, each expert split over ETP ranks. Unset: DeepSpeed's MoE (EP inside DP, experts whole on every TP
+    rank, which drop the duplicate tokens of TP before the all-to-all)."""
+    moe_dispatcher: Literal["alltoall", "allgather", "deepep", "hybridep"] | None = None
+    """How tokens reach their experts (Megatron-Core's `--moe-token-dispatcher-type`): NCCL all-to-all
+    (`alltoall`), all-gather then reduce-scatter over the expert group (`allgather`), or the flex dispatcher's
+    DeepEP / HybridEP kernels, which move FP8 tokens in fp8 runs. Unset: all-to-all."""
+    moe_routing: Literal["natural", "balanced"] = "natural"
+    """How evenly the router spreads tokens over the expert-parallel ranks. `balanced`: Megatron-Core's
+    `--moe-router-force-load-balancing`, as NVIDIA's published MoE benchmarks run (every rank gets its even
+    share). `natural`: dropless routing by the model's own router; the slowest rank sets the pace, priced at
+    the spread a uniform router already has — the expected largest of the ranks' binomial loads — a lower
+    bound, since a trained router prefers some experts."""
+    ep_comm_overlap: bool = False
+    """Megatron-Core's `--overlap-moe-expert-parallel-comm` (with `--delay-wgrad-compute`): each micro-batch's
+    dispatch and combine run beside another micro-batch's compute in 1F1B, hidden as far as that lasts."""
+    pipeline_layout: str | None = None
+    """Which blocks each pipeline stage holds, in Megatron-Core's `--pipeline-model-parallel-layout` syntax:
+    stages separated by `|`, `E` the embedding, `t` a block, `m` a multi-token-prediction layer, `L` the loss
+    (the LM head), `x*n` n repeats, `(…)*n` a repeated group; pp × virtual stages of them, virtual stage i on
+    rank i mod pp (e.g. `Et*3|(tt|)*29m|L`). Unset: blocks split evenly, earlier stages taking the remainder."""
     fsdp: Literal["bf16", "fp32"] | None = None
     """PyTorch FSDP's runtime instead of DeepSpeed's (`dstk estimate` only, for published FSDP runs), named by
     the dtype it reduce-scatters gradients in (`MixedPrecision(reduce_dtype=...)`): ZeRO-3 prices FULL_SHARD,
@@ -238,7 +267,11 @@ class Layout(LayoutRequest):
 
     @property
     def expert_dp(self) -> int:
-        """Ranks that hold replicas of the same experts (the expert-data-parallel group)."""
+        """Ranks that hold replicas of the same experts (the expert-data-parallel group): the data-parallel
+        ranks over EP under DeepSpeed; under Megatron-Core's folding (`etp` set) the stage's ranks, TP × CP ×
+        DP, over ETP × EP."""
+        if self.etp is not None:
+            return max(1, self.tp * self.sp * self.dp // (self.etp * self.ep))
         return self.dp // self.ep
 
     @property
@@ -254,8 +287,8 @@ class Layout(LayoutRequest):
     @property
     def expert_zero_dp(self) -> int:
         """`zero_dp` for the experts: the expert-data-parallel ranks times the sequence-parallel ones, which see
-        other tokens of the same sequences with the same experts."""
-        return self.expert_dp * self.sp
+        other tokens of the same sequences with the same experts (folded in already under Megatron-Core)."""
+        return self.expert_dp if self.etp is not None else self.expert_dp * self.sp
 
     def describe(self, short: bool = False) -> str:
         """The layout in one line, the only printer of it: `ZeRO-3 tp=1 pp=1 dp=8 micro=2 accum=16 global=256

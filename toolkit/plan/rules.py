@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from toolkit.errors import UserError
-from toolkit.plan import fp8_support
+from toolkit.plan import core_rules, fp8_support
 from toolkit.plan.architectures import supporting
 from toolkit.plan.cost.activations import runtime_flash_attention
 from toolkit.plan.expert_rules import ep_clip_at_zero0, ep_divides, ep_needs_moe, native_moe_zero3
@@ -45,8 +45,9 @@ class Rule:
     scope: str = "layout"
     """"layout": no layout can break it and exist; "deepspeed": what dstk's DeepSpeed run path (HF models in
     the DeepSpeed engine) cannot run here, though another runtime (e.g. Megatron-DeepSpeed) might; "megatron":
-    what Megatron-DeepSpeed (`--target megatron`) cannot run; "runs": what no runtime dstk configures can run
-    (knobs `dstk estimate` prices for other stacks' published runs)."""
+    what Megatron-DeepSpeed (`--target megatron`) cannot run; "core": what only Megatron-Core runs (`--target
+    megatron-core`); "megatron-core": what Megatron-Core cannot run as dstk configures it; "runs": what no
+    runtime dstk configures can run (knobs `dstk estimate` prices for other stacks' published runs)."""
 
 
 def _divisors(n: int) -> list[int]:
@@ -234,23 +235,13 @@ def _hf_attention_is_the_runtime(m: ModelSpec, c: ClusterSpec, r: LayoutRequest,
 
 
 def _virtual_stages_need_pp(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
-    """An interleaved pipeline gives each of the p ranks v chunks of whole blocks."""
-    if r.virtual_stages > 1 and (r.pp == 1 or m.n_layers % (r.pp * r.virtual_stages)):
+    """An interleaved pipeline gives each of the p ranks v chunks of whole blocks (split evenly, earlier
+    chunks taking the remainder, unless `--pipeline-layout` places them)."""
+    if r.virtual_stages > 1 and (r.pp == 1 or m.n_layers < r.pp * r.virtual_stages):
         return (
-            f"--virtual-stages: {r.virtual_stages} chunks per rank need --pp > 1 and n_layers({m.n_layers}) "
-            f"divisible by pp({r.pp}) × virtual stages({r.virtual_stages})"
+            f"--virtual-stages: {r.virtual_stages} chunks per rank need --pp > 1 and at least one block each: "
+            f"n_layers({m.n_layers}) ≥ pp({r.pp}) × virtual stages({r.virtual_stages})"
         )
-    return None
-
-
-def _megatron_core_only(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
-    """Interleaved pipelines and Megatron-Core's communication overlap are runtimes dstk prices (published runs,
-    `dstk estimate`) but does not run: DeepSpeed's pipeline engine is plain 1F1B and overlaps no TP collective,
-    and Megatron-DeepSpeed (`--target megatron`) has neither."""
-    if r.virtual_stages > 1:
-        return "--virtual-stages: Megatron-Core's interleaved schedule; DeepSpeed's and Megatron-DeepSpeed's pipelines run plain 1F1B"
-    if r.comm_overlap:
-        return "--comm-overlap: Megatron-Core's overlaps (--overlap-param-gather, --tp-comm-overlap); DeepSpeed and Megatron-DeepSpeed run without them"
     return None
 
 
@@ -303,8 +294,12 @@ RULES: tuple[Rule, ...] = (
     Rule("expert_parallel_needs_zero_at_fp32", ep_clip_at_zero0, scope="deepspeed"),
     Rule("tp_sequence_parallel_needs_megatron", _tp_sp_needs_megatron, scope="deepspeed"),
     Rule("hf_attention_is_the_runtime", _hf_attention_is_the_runtime, scope="deepspeed"),
-    Rule("megatron_core_runtime_only", _megatron_core_only, scope="runs"),
-    Rule("mxfp8_nvfp4_are_estimate_only", _cluster_free(fp8_support.estimate_only), scope="runs"),
+    Rule("megatron_core_runtime_only", core_rules.core_only, scope="core"),
+    Rule("mxfp8_nvfp4_are_megatron_core_only", _cluster_free(fp8_support.estimate_only), scope="core"),
+    Rule("pipeline_layout_fits", core_rules.layout_fits),
+    Rule("etp_and_dispatcher_need_moe", core_rules.etp_needs_moe),
+    Rule("ep_comm_overlap_needs", core_rules.ep_overlap_needs),
+    Rule("megatron_core_runs_zero1_adamw", core_rules.core_runs, scope="megatron-core"),
     Rule("fsdp_shards_as_zero2_or_3", _fsdp_shards_as_zero),
     Rule("pytorch_fsdp_runtime_only", _pytorch_fsdp_only, scope="runs"),
     Rule("backward_prefetch_needs_fsdp", _backward_prefetch_needs_fsdp),
@@ -372,7 +367,7 @@ def resolve_layout(
         request.micro_batch_size, dp, request.global_batch_size, request.gradient_accumulation_steps
     )
     fields = request.model_dump()
-    megatron = "megatron" in scopes and "deepspeed" not in scopes
+    megatron = ("megatron" in scopes or "megatron-core" in scopes) and "deepspeed" not in scopes
     fields["recompute_early_stop"] = early_stop_setting(
         request.recompute_early_stop, request.recompute, megatron
     )

@@ -127,6 +127,10 @@ class ModelSpec(BaseModel):
     first_dense_layers: int = Field(default=0, ge=0)
     """Leading blocks with a dense MLP before the MoE blocks begin (DeepSeek-V3's `first_k_dense_replace`: 3;
     Kimi K2: 1)."""
+    mtp_layers: int = Field(default=0, ge=0)
+    """Multi-token-prediction modules after the last block (DeepSeek-V3: 1; Megatron's `--mtp-num-layers`): each a
+    block, a 2h → h projection and two norms, sharing the embedding and LM head. HF builds none: priced by
+    `dstk estimate` and written for Megatron-Core, refused by the DeepSpeed run path."""
     hf_config_json: str | None = Field(default=None, exclude=True, repr=False)
     """The HF `config.json` the description was read from (canonical JSON): the run path builds that model, with
     every key the file sets (rope scaling, routing groups, soft-capping), not the spec's round trip. Set by the
