@@ -253,11 +253,16 @@ def estimate_json(flags: list[str], context: object = None) -> dict:
 
 
 def write_report(
-    bench: str, rows: list[dict], heading: str, columns: list[str], cells: Callable[[dict], list[str]]
+    bench: str,
+    rows: list[dict],
+    heading: str,
+    columns: list[str],
+    cells: Callable[[dict], list[str]],
+    summarize: Callable[[list[dict]], list[str]] | None = None,
 ) -> None:
-    """Print the groups' summary, then write the rows to results as JSON and as a Markdown table (`heading`,
-    the summary, one line of `cells(row)` per row under `columns`)."""
-    groups = summary(rows)
+    """Print the groups' summary (`summarize`, default `summary`), then write the rows to results as JSON and as
+    a Markdown table (`heading`, the summary, one line of `cells(row)` per row under `columns`)."""
+    groups = (summarize or summary)(rows)
     print("\n".join(groups))
     write_json(bench, {"rows": rows, "groups": groups})
     md = result_path(bench, "md")

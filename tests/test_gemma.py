@@ -67,8 +67,10 @@ def test_the_hub_config_loads_to_the_preset_and_back(tmp_path) -> None:
     preset = load_model("gemma-3-1b")
     assert spec.model_dump(exclude={"name"}) == preset.model_dump(exclude={"name"})
     assert count_params(spec).total == 999_885_952  # the hub model's size
-    # back to HF: the layer pattern transformers 5 writes, read again as the same spec
-    hf = to_hf_config(spec)
+    # the run path builds the hub config itself; the preset (no source config) is written as transformers 5
+    # writes it: its layer pattern, read again as the same spec
+    assert to_hf_config(spec)["sliding_window_pattern"] == 6
+    hf = to_hf_config(preset)
     assert hf["model_type"] == "gemma3_text"
     assert hf["layer_types"][:6] == ["sliding_attention"] * 5 + ["full_attention"]
     again = from_hf_config({k: v for k, v in hf.items()}, "x")

@@ -356,10 +356,17 @@ def per_micro_activations(model: ModelSpec, layout: Layout, blocks: int, moe_blo
 
 
 def stage_activations(
-    model: ModelSpec, layout: Layout, index: int, blocks: int, moe_blocks: int, per_micro: float
+    model: ModelSpec,
+    layout: Layout,
+    index: int,
+    blocks: int,
+    moe_blocks: int,
+    per_micro: float,
+    head: bool | None = None,
 ) -> float:
     """Activations a rank of stage `index` keeps at its peak: in-flight micro-batches × its blocks, plus the
-    rebuilt block of full (or op-level) recomputation, plus the logits on the last stage."""
+    rebuilt block of full (or op-level) recomputation, plus the logits on the stage with the LM head (`head`,
+    default the last)."""
     e = layout.bytes_per_element
     total = in_flight(layout, index) * per_micro
     if layout.offload_activations and blocks:
@@ -373,7 +380,7 @@ def stage_activations(
         )
         if layout.recompute == "ops":
             total -= block_bytes(model, recompute="ops", **kwargs)
-    if index == layout.pp - 1:
+    if index == layout.pp - 1 if head is None else head:
         total += logits_bytes(model, layout.micro_batch_size, e, layout.tp)
     return total / layout.sp
 

@@ -23,6 +23,7 @@ from toolkit.plan.cost.activations import op_sac_matmuls, routed_copies, torchao
 from toolkit.plan.cost.attention import attention_core_s
 from toolkit.plan.cost.fp8 import CastTraffic, Fp8Gemms, Linear, cast_traffic
 from toolkit.plan.cost.gemm import gemm_s, linear_s
+from toolkit.plan.cost.moe import ExpertPlacement, permute_bytes
 from toolkit.plan.cost.traced_blocks import traced_block_time, traced_linears
 from toolkit.plan.params import ParamCount
 from toolkit.plan.specs import ClusterSpec, ModelSpec
@@ -43,6 +44,11 @@ KERNELS_PER_BLOCK_FORWARD = 15
 # fp32 passes) and 28h in fp32 (no casts). HF's `apply_rotary_pos_emb`: `q·cos`, `rotate_half` (a negation
 # and a concatenation), `·sin`, the sum — five kernels and ten passes of the tensor, for q and for k.
 # transformers' modeling_llama.py (LlamaRMSNorm, apply_rotary_pos_emb), counted from the source.
+MOE_KERNELS_AFTER_SYNC = 12
+"""Kernels of Megatron-Core's MoE layer after its host sync, besides the experts' GEMMs: sorting the received
+tokens by local expert (2), the activation (1), the unsort (2), the combine all-to-all and its bookkeeping (3),
+the unpermutation and weighted sum (3), the output bias/residual (1) — counted from MoEAlltoAllTokenDispatcher
+and MoELayer.forward (megatron/core/transformer/moe @ d98e8a64)."""
 RMSNORM_EAGER_KERNELS = 8
 ROTARY_EAGER_KERNELS = 5
 ROTARY_EAGER_PASSES = 10
@@ -89,14 +95,22 @@ class StageCompute:
 
 
 def block_linears(
-    model: ModelSpec, m: float, tp: int, moe: bool, ep: int = 1, hf_modules: bool = False
+    model: ModelSpec,
+    m: float,
+    tp: int,
+    moe: bool,
+    ep: int = 1,
+    hf_modules: bool = False,
+    experts: ExpertPlacement | None = None,
 ) -> list[Linear]:
     """The linear layers of one block on one rank for `m` tokens (Ulysses' split already taken): QKV and the
-    attention output, then the MLP's maps — or the routed experts' (m · top-k · capacity tokens; the rank holds
-    num_experts / ep of them) and a shared expert's. Routers and the shared expert's scalar gate are not among
-    them: n = experts or 1, priced in the training precision by `block_forward_s`. A traced model's are the
-    GEMMs its trace saw against weights, routers included (`traced_linears`). Llama 4's HF block run as HF
-    modules without expert parallelism (`hf_modules`, ep = 1) computes every expert on every token."""
+    attention output, then the MLP's maps — or the routed experts' as one grouped GEMM over the num_experts /
+    ep experts the rank holds, of the rows `experts` sends them (toolkit/plan/cost/moe.py; default: ep, every
+    token of the rank) and ffn / ETP wide, and a shared expert's. Routers and the shared expert's scalar gate
+    are not among them: n = experts or 1, priced in the training precision by `block_forward_s`. A traced
+    model's are the GEMMs its trace saw against weights, routers included (`traced_linears`). Llama 4's HF
+    block run as HF modules without expert parallelism (`hf_modules`, ep = 1) computes every expert on every
+    token."""
     if model.trace is not None:
         return traced_linears(model, m, moe, ep)
     h = model.hidden_size
@@ -111,11 +125,12 @@ def block_linears(
         ]
     n_in, bias = (2 if model.gated_mlp else 1), bool(model.mlp_bias)
     if moe:
-        routed, ffn = routed_copies(model, hf_modules and ep == 1), model.moe_ffn_hidden_size
-        experts = model.num_experts / ep
+        p = experts or ExpertPlacement(ep=ep)
+        rows = routed_rows(model, m, p, hf_modules)
+        ffn, local = model.moe_ffn_hidden_size / p.etp, model.num_experts / p.ep
         linears += [
-            Linear(m * routed, h, n_in * ffn, experts * h * n_in * ffn, bias),
-            Linear(m * routed, ffn, h, experts * ffn * h, bias),
+            Linear(rows, h, n_in * ffn, local * h * n_in * ffn, bias, groups=local),
+            Linear(rows, ffn, h, local * ffn * h, bias, groups=local),
         ]
         shared = model.shared_expert_ffn_hidden_size / tp
         if shared:
@@ -124,6 +139,12 @@ def block_linears(
         ffn = model.ffn_hidden_size / tp
         linears += [Linear(m, h, n_in * ffn, h * n_in * ffn, bias), Linear(m, ffn, h, ffn * h, bias)]
     return linears
+
+
+def routed_rows(model: ModelSpec, m: float, p: ExpertPlacement, hf_modules: bool = False) -> float:
+    """Rows the rank's experts compute for `m` tokens under placement `p` (moe.expert_rows), every expert on
+    every token for Llama 4's HF block without expert parallelism."""
+    return m / p.token_split * routed_copies(model, hf_modules and p.ep == 1) * p.imbalance * p.etp
 
 
 def latent_linears(model: ModelSpec, m: float, tp: int) -> list[Linear]:
@@ -169,6 +190,7 @@ def block_time(
     fp8: Fp8Gemms | None = None,
     op_replay: bool = False,
     hf_modules: bool = False,
+    experts: ExpertPlacement | None = None,
 ) -> BlockTime:
     """Forward and backward time of one block for `tokens` tokens on one rank (TP shards matrices, SP shards
     tokens); `fused=False` prices HF's eager RMSNorm and rotary embedding op by op. Backward is two forwards
@@ -179,18 +201,20 @@ def block_time(
     hbm = cluster.gpu_memory_gb_per_s * 1e9
     h = model.hidden_size
     m = tokens / sp
-    linears = block_linears(model, m, tp, moe, ep, hf_modules)
+    p = experts or ExpertPlacement(ep=ep)
+    linears = block_linears(model, m, tp, moe, ep, hf_modules, p)
     t = sum(linear_s(x, e, peak, cluster, fp8) for x in linears)
     t += attention_core_s(model, cluster, m, e, tp, peak, flash, moe)
     if model.trace is not None:
         return BlockTime(*traced_block_time(model, cluster, m, e, moe, t, frozen))
     if moe:
-        t += gemm_s(m, h, model.num_experts, e, peak, cluster)  # router
+        t += gemm_s(m / p.token_split, h, model.num_experts, e, peak, cluster)  # router
         shared = model.shared_expert_ffn_hidden_size
         if shared and model.family.shared_expert_gate:
             t += gemm_s(m, h, 1, e, peak, cluster)  # Qwen2-MoE's shared expert's gate
-        routed = routed_copies(model, hf_modules and ep == 1)
-        ffn_tp = model.moe_ffn_hidden_size * routed + shared / tp
+        rows = routed_rows(model, m, p, hf_modules)
+        ffn_tp = model.moe_ffn_hidden_size / p.etp * rows / m + shared / tp
+        t += permute_bytes(model, m, p, e) / hbm  # sorting the routed copies by expert and back
     else:
         ffn_tp = model.ffn_hidden_size / tp
     # memory-bound passes per token: the norms (read+write h; 2, or Gemma's 4), 2 residual adds (read 2h,
@@ -221,7 +245,21 @@ def block_time(
         replay = sac + f_issue if cpu else max(sac, f_issue)
     if cpu:
         return BlockTime(f_work + f_issue, b_work + b_issue, per_step, replay)
-    return BlockTime(max(f_work, f_issue), max(b_work, b_issue), per_step, replay)
+    serial = moe_host_s(model, cluster, p, fp8 is not None) if moe else 0.0
+    return BlockTime(max(f_work, f_issue) + serial, max(b_work, b_issue) + times * serial, per_step, replay)
+
+
+def moe_host_s(model: ModelSpec, cluster: ClusterSpec, p: ExpertPlacement, fp8: bool) -> float:
+    """Host time of an MoE block's forward that the GPU waits for. Dropless routing sizes the experts'
+    GEMMs on the host: Transformer Engine's GroupedLinear takes the tokens per expert as a Python list
+    (`m_splits`), HF's expert loop indexes by `nonzero`, so each MoE layer copies its counts to the host and
+    the host cannot queue kernels ahead of that point. What follows — one GEMM per local expert per linear
+    layer (GroupedLinear's cuBLAS GEMMs; in FP8 a quantization of each expert's input too), the unpermutation
+    and the combine — is issued while the GPU waits: MOE_KERNELS_AFTER_SYNC plus the per-expert kernels, each
+    `kernel_launch_us`."""
+    per_expert = 2 * (2 if fp8 else 1)
+    kernels = MOE_KERNELS_AFTER_SYNC + per_expert * model.num_experts / p.ep
+    return kernels * cluster.kernel_launch_us * 1e-6
 
 
 def early_stop_skips(
@@ -276,6 +314,8 @@ def stage_compute(
     recompute_every: int = 1,
     early_stop: bool = False,
     hf_modules: bool = False,
+    experts: ExpertPlacement | None = None,
+    mtp: int = 0,
 ) -> StageCompute:
     """Forward, backward and recomputation seconds of one micro-batch on one rank of a pipeline stage.
 
@@ -289,7 +329,9 @@ def stage_compute(
     forward of the stage's blocks whose count is a multiple of K (blocks // K of them); torchtitan's op-level
     policy (`ops`) replays what it does not save (BlockTime.op_sac_s). With `early_stop`
     (the layout's checkpoint stops early and `early_stop_skips` says it can stop before the down projection)
-    the dense blocks' last linear layer is not recomputed.
+    the dense blocks' last linear layer is not recomputed. A stage holding `mtp` multi-token-prediction
+    layers (with the loss) runs, for each, a block of the last block's kind, the 2h → h projection of its
+    concatenated inputs and the LM head again (DeepSeek-V3 report §2.2; Megatron-Core's MultiTokenPredictionLayer).
     """
     tokens = micro_batch * model.seq_length
     common = dict(
@@ -305,8 +347,11 @@ def stage_compute(
         ep=ep,
         fp8=fp8,
         hf_modules=hf_modules,
+        experts=experts,
     )
     fwd = bwd = per_step = op_sac = 0.0
+    last_moe = model.moe_layer(model.n_layers - 1)
+    dense_layers, moe_layers = dense_layers + (0 if last_moe else mtp), moe_layers + (mtp if last_moe else 0)
     for count, moe in ((dense_layers, False), (moe_layers, True)):
         if count:
             block = block_time(
@@ -324,6 +369,9 @@ def stage_compute(
         hbm = cluster.gpu_memory_gb_per_s * 1e9
         head = gemm_s(tokens / sp, model.hidden_size, model.vocab_size / tp, e, peak, cluster)
         head += (e + 8) * tokens / sp * model.vocab_size / tp / hbm  # upcast + log-softmax of the logits
+        h = model.hidden_size
+        head *= 1 + mtp  # each MTP layer's own logits through the shared head
+        head += mtp * gemm_s(tokens / sp, 2 * h, h / tp, e, peak, cluster)  # its projection
         fwd, bwd = fwd + head, bwd + (1 if frozen else 2) * head
     blocks = dense_layers + moe_layers
     blocks_fwd = fwd - (head if last else 0.0)

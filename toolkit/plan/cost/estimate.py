@@ -19,6 +19,8 @@ from toolkit.plan.cost.compute import block_linears, slowed_by_collectives, stag
 from toolkit.plan.cost.flops import hardware_flops_per_token, model_flops_per_token, model_tflops_per_gpu
 from toolkit.plan.cost.fp8 import cast_transient_bytes, fp8_gemms, weight_copies_bytes
 from toolkit.plan.cost.memory import GIB, HOST_USABLE, Memory, rank_params, stage_memory
+from toolkit.plan.cost.moe import placement
+from toolkit.plan.cost.stages import Stage, candidate_stages, layout_stages, stage_blocks, with_mtp
 from toolkit.plan.cost.timing import (
     StageLoad,
     StepTime,
@@ -190,7 +192,15 @@ class Estimate:
                 * sp_all_to_all_bytes(
                     self.model,
                     self.layout,
-                    max(b for b, _ in stage_blocks(self.model, self.layout.pp)),
+                    max(
+                        b
+                        for b, _ in stage_blocks(
+                            self.model,
+                            self.layout.pp,
+                            self.layout.virtual_stages,
+                            self.layout.pipeline_layout,
+                        )
+                    ),
                     self.layout.bytes_per_element,
                 )
             ),
@@ -234,48 +244,12 @@ def _with_total(parts: dict[str, float]) -> dict[str, int]:
     return {**out, "total": sum(out.values())}
 
 
-def stage_blocks(model: ModelSpec, pp: int) -> list[tuple[int, int]]:
-    """(blocks, MoE blocks) per pipeline stage: blocks split evenly (earlier stages take the remainder),
-    block j is MoE when `model.moe_layer(j)`."""
-    per, extra = divmod(model.n_layers, pp)
-    out, start = [], 0
-    for i in range(pp):
-        n = per + (1 if i < extra else 0)
-        moe = sum(1 for j in range(start, start + n) if model.moe_layer(j))
-        out.append((n, moe))
-        start += n
-    return out
-
-
-@dataclass(frozen=True)
-class _Stage:
-    index: int
-    blocks: int
-    moe_blocks: int
-
-    def signature(self, pp: int) -> tuple[int, int, bool, bool]:
-        return (self.blocks, self.moe_blocks, self.index == 0, self.index == pp - 1)
-
-
-def _stages(model: ModelSpec, pp: int) -> list[_Stage]:
-    return [_Stage(i, b, m) for i, (b, m) in enumerate(stage_blocks(model, pp))]
-
-
-def _candidate_stages(model: ModelSpec, layout: Layout) -> list[_Stage]:
-    """The stages that can be the most loaded: the first of each signature (earlier stages keep more
-    micro-batches in flight, so later stages of the same signature never need more memory)."""
-    seen: dict[tuple[int, int, bool, bool], _Stage] = {}
-    for st in _stages(model, layout.pp):
-        seen.setdefault(st.signature(layout.pp), st)
-    return list(seen.values())
-
-
 def estimate_memory(
     model: ModelSpec, cluster: ClusterSpec, layout: Layout, knobs: ZeroKnobs | None = None
 ) -> Memory:
     """Peak memory per rank of the most loaded pipeline stage (the planner's cheap first filter)."""
     return max(
-        _memories(model, cluster, layout, knobs, _candidate_stages(model, layout)), key=lambda m: m.total
+        _memories(model, cluster, layout, knobs, candidate_stages(model, layout)), key=lambda m: m.total
     )
 
 
@@ -284,23 +258,23 @@ def stage_memories(
 ) -> list[Memory]:
     """Peak memory per rank of every pipeline stage, first to last (earlier stages hold more micro-batches in
     flight under 1F1B); `estimate_memory` is the largest of these."""
-    return _memories(model, cluster, layout, knobs, _stages(model, layout.pp))
+    return _memories(model, cluster, layout, knobs, layout_stages(model, layout))
 
 
 def _memories(
-    model: ModelSpec, cluster: ClusterSpec, layout: Layout, knobs: ZeroKnobs | None, stages: list[_Stage]
+    model: ModelSpec, cluster: ClusterSpec, layout: Layout, knobs: ZeroKnobs | None, stages: list[Stage]
 ) -> list[Memory]:
     pc = count_params(model)
     knobs = knobs or derive_zero_knobs(model, layout)
     largest_param = _largest_param(pc, layout, model)
     out: list[Memory] = []
     for st in stages:
-        first, last = st.index == 0, st.index == layout.pp - 1
+        blocks, moe_blocks = with_mtp(model, st)
         rank = rank_params(
-            pc, layout, st.blocks, st.moe_blocks, first, last, knobs.stage3_param_persistence_threshold
+            pc, layout, blocks, moe_blocks, st.embedding, st.head, knobs.stage3_param_persistence_threshold
         )
-        per_micro = act.per_micro_activations(model, layout, st.blocks, st.moe_blocks)
-        activations = act.stage_activations(model, layout, st.index, st.blocks, st.moe_blocks, per_micro)
+        per_micro = act.per_micro_activations(model, layout, blocks, moe_blocks)
+        activations = act.stage_activations(model, layout, st.index, blocks, moe_blocks, per_micro, st.head)
         fp8_copies, fp8_transient = _fp8_memory(model, layout, st)
         activations += fp8_transient
         mem = stage_memory(
@@ -319,7 +293,7 @@ def _memories(
     return out
 
 
-def _fp8_memory(model: ModelSpec, layout: Layout, st: _Stage) -> tuple[float, float]:
+def _fp8_memory(model: ModelSpec, layout: Layout, st: Stage) -> tuple[float, float]:
     """(FP8 weight copies kept between micro-batches, eager cast temporaries) on a rank of stage `st`
     (toolkit/plan/cost/fp8.py); (0, 0) for a layout without FP8."""
     recipe = layout.fp8_recipe
@@ -373,10 +347,11 @@ def estimate(
     slowest: StageLoad | None = None
     slowest_stage: dict[str, Any] = {}
     early_stop = skips_down_projection(model, layout)
-    for st in _candidate_stages(model, layout):
-        first, last = st.index == 0, st.index == layout.pp - 1
+    experts = placement(model, layout, act.hf_modules(layout))
+    for st in candidate_stages(model, layout):
+        blocks, moe_blocks = with_mtp(model, st)
         rank = rank_params(
-            pc, layout, st.blocks, st.moe_blocks, first, last, knobs.stage3_param_persistence_threshold
+            pc, layout, blocks, moe_blocks, st.embedding, st.head, knobs.stage3_param_persistence_threshold
         )
         stage = dict(
             micro_batch=layout.micro_batch_size,
@@ -385,7 +360,9 @@ def estimate(
             sp=layout.sp,
             dense_layers=st.blocks - st.moe_blocks,
             moe_layers=st.moe_blocks,
-            last=last,
+            last=st.head,
+            mtp=st.mtp,
+            experts=experts,
             recompute=layout.recompute,
             recompute_every=layout.recompute_every or 1,
             early_stop=early_stop,
@@ -402,8 +379,8 @@ def estimate(
             compute=compute,
             dense_params=rank.dense if trainable is None else trainable,
             expert_params=rank.expert if trainable is None else 0.0,
-            n_blocks=st.blocks,
-            n_moe_blocks=st.moe_blocks,
+            n_blocks=blocks,
+            n_moe_blocks=moe_blocks,
         )
         if slowest is None or compute.total_s > slowest.compute.total_s:
             slowest, slowest_stage = load, stage

@@ -138,13 +138,15 @@ AMAX_BYTES = 4 * (3 + 2)
 @dataclass(frozen=True)
 class Linear:
     """One linear layer's GEMM on one rank for one micro-batch: (m × k)·(k × n), with the weight elements
-    behind it (k·n, times the experts the rank holds) and whether a bias follows."""
+    behind it (k·n, times the experts the rank holds) and whether a bias follows. A grouped GEMM (the experts
+    a rank holds) is `groups` GEMMs of m / groups rows each against its own k × n weight."""
 
     m: float
     k: float
     n: float
     weights: float
     bias: bool = False
+    groups: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from toolkit.plan.specs import ClusterSpec
 GEMM_TILES = ((256, 128), (128, 256), (128, 128))
 
 
-def quantization_efficiency(m: float, n: float, sm_count: int) -> float:
+def quantization_efficiency(m: float, n: float, sm_count: int, groups: float = 1.0) -> float:
     """Fraction of the GPU's tile slots an m×n GEMM output keeps busy, for the best of `GEMM_TILES`.
 
     Tile quantization: the last row/column of tiles is partly empty (m·n over the tiled area). Wave
@@ -30,9 +30,10 @@ def quantization_efficiency(m: float, n: float, sm_count: int) -> float:
     if m <= 0 or n <= 0:
         return 1.0
     best = 0.0
+    g = max(1, round(groups))
     for bm, bn in GEMM_TILES:
         tm, tn = math.ceil(m / bm), math.ceil(n / bn)
-        tiles = tm * tn
+        tiles = g * tm * tn  # a grouped GEMM's tiles of all groups share the waves
         waves = math.ceil(tiles / sm_count)
         best = max(best, (m * n) / (tm * bm * tn * bn) * tiles / (waves * sm_count))
     return best
@@ -47,15 +48,17 @@ def gemm_s(
     cluster: ClusterSpec,
     efficiency: float | None = None,
     out_e: int | None = None,
+    groups: float = 1.0,
 ) -> float:
-    """One GEMM (m×k)·(k×n): compute-bound at `efficiency` (default the cluster's matmul efficiency) of `peak`
-    (less its tile and wave quantization where the SM count is known) or memory-bound on its operands (`e`
-    bytes each) and result (`out_e`, default `e`)."""
+    """One GEMM (m×k)·(k×n), or `groups` of them in one grouped kernel (a rank's experts, each m×k·k×n):
+    compute-bound at `efficiency` (default the cluster's matmul efficiency) of `peak` (less the tile
+    quantization of each group and the wave quantization of all groups' tiles together, where the SM count is
+    known) or memory-bound on its operands (`e` bytes each) and result (`out_e`, default `e`)."""
     eff = efficiency or cluster.gpu_matmul_efficiency
     if cluster.gpu_sm_count:
-        eff *= quantization_efficiency(m, n, cluster.gpu_sm_count)
+        eff *= quantization_efficiency(m, n, cluster.gpu_sm_count, groups)
     out = e if out_e is None else out_e
-    return max(
+    return groups * max(
         2 * m * k * n / (peak * eff),
         (e * (m * k + k * n) + out * m * n) / (cluster.gpu_memory_gb_per_s * 1e9),
     )
@@ -64,6 +67,7 @@ def gemm_s(
 def linear_s(x: Linear, e: int, peak: float, cluster: ClusterSpec, fp8: Fp8Gemms | None) -> float:
     """A linear layer's forward GEMM: in the training precision, or with FP8 (MXFP8, NVFP4) operands and a
     bf16 result."""
+    m = x.m / x.groups
     if fp8 is None:
-        return gemm_s(x.m, x.k, x.n, e, peak, cluster)
-    return gemm_s(x.m, x.k, x.n, fp8.operand_bytes, fp8.peak, cluster, fp8.efficiency, out_e=e)
+        return gemm_s(m, x.k, x.n, e, peak, cluster, groups=x.groups)
+    return gemm_s(m, x.k, x.n, fp8.operand_bytes, fp8.peak, cluster, fp8.efficiency, out_e=e, groups=x.groups)

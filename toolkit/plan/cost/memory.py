@@ -317,7 +317,7 @@ def rank_params(
     dense_mlp = (pc.mlp_weights + pc.mlp_sharded_bias) / t + pc.mlp_replicated_bias
     dense_blocks = blocks - moe_blocks
     dense = blocks * common + dense_blocks * dense_mlp + moe_blocks * (pc.router + pc.shared_expert / t)
-    expert = moe_blocks * pc.num_experts / ep * pc.expert
+    expert = moe_blocks * pc.num_experts / ep * pc.expert / (layout.etp or 1)  # ETP splits each expert
     # Megatron splits the word embedding over TP (VocabParallelEmbedding); DeepSpeed AutoTP keeps it whole and
     # splits only an untied LM head (measured: a 2-way AutoTP Llama holds the full embedding, half the head)
     word = pc.word_embedding / t if layout.tp_vocab_parallel else pc.word_embedding

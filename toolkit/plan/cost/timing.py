@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from toolkit.plan.cost import activations as act
-from toolkit.plan.cost import comm
+from toolkit.plan.cost import comm, moe
 from toolkit.plan.cost.compute import StageCompute, block_linears, early_stop_skips
 from toolkit.plan.cost.fp8 import amax_bytes
 from toolkit.plan.layout import Layout
@@ -106,16 +106,16 @@ def _behind(comm_s: float, compute_s: float, slowdown: float) -> float:
 
 
 def _groups(layout: Layout, cluster: ClusterSpec) -> dict[str, comm.Group]:
-    tp_sp = layout.tp * layout.sp
     return {
         "tp": comm.group(layout.tp, 1, cluster),
         "sp": comm.group(layout.sp, layout.tp, cluster),
         # ZeRO/FSDP shards and gradients reduce over data- and sequence-parallel ranks (Layout.zero_dp); SP is
         # placed next to TP, so that group is every rank with the same TP index
         "dp": comm.group(layout.zero_dp, layout.tp, cluster),
-        "ep": comm.group(layout.ep, tp_sp, cluster),
-        # expert replicas at stride tp·ep (Megatron-Core's expert ranks; MoE beside SP is Megatron-Core only)
-        "edp": comm.group(layout.expert_zero_dp, layout.tp * layout.ep, cluster),
+        "ep": moe.ep_group(layout, cluster),
+        # expert replicas at stride tp·ep inside DeepSpeed's data-parallel ranks, at stride etp·ep in
+        # Megatron-Core's folded expert grid (toolkit/plan/cost/moe.py)
+        "edp": comm.group(layout.expert_zero_dp, (layout.etp or layout.tp) * layout.ep, cluster),
     }
 
 
@@ -127,10 +127,7 @@ def _micro_comm_s(model: ModelSpec, cluster: ClusterSpec, layout: Layout, load: 
     full = layout.recompute == "full"
     t = 0.0
     t += _tp_comm_s(model, cluster, layout, load, e)
-    if layout.ep > 1 and load.n_moe_blocks:
-        calls = load.n_moe_blocks * (6 if full else 4)
-        routed = model.moe_top_k * model.moe_capacity_factor
-        t += calls * comm.all_to_all_s(tokens * routed * h * e / layout.tp, g["ep"], cluster)
+    t += moe.moe_comm_s(model, cluster, layout, load.n_moe_blocks, e)
     if layout.sp > 1:
         passes = 3 if full else 2
         per_call = sp_all_to_all_bytes(model, layout, 1, e) / passes
@@ -146,6 +143,35 @@ def _micro_comm_s(model: ModelSpec, cluster: ClusterSpec, layout: Layout, load: 
         linears = block_linears(model, tokens, layout.tp, load.n_moe_blocks > 0, layout.ep)
         t += 2 * comm.all_reduce_s(amax_bytes(linears, load.n_blocks) / 2, g["dp"], cluster)
     return t
+
+
+def _a2a_overlapped_s(model: ModelSpec, layout: Layout, load: StageLoad, a2a: float) -> float:
+    """What the expert all-to-alls of one micro-batch add under Megatron-Core's 1F1B A2A overlap
+    (`--overlap-moe-expert-parallel-comm`): one micro-batch's forward and another's backward run interleaved
+    layer by layer, each all-to-all beside the other's computation that does not depend on it — the backward
+    combine beside the forward attention, the forward dispatch beside the backward experts, the backward
+    dispatch beside the forward experts, the forward combine beside the backward attention (Megatron-LM's
+    combined_1f1b schedule) — so each pair takes the longer of the two, and an all-to-all paired with a short
+    attention shows."""
+    blocks = load.n_moe_blocks
+    forward = load.compute.forward_s / max(load.n_blocks, 1)
+    share = _attention_share(model, layout)
+    attn, mlp, call = share * forward, (1 - share) * forward, a2a / blocks / 4
+    paired = max(attn, call) + max(call, 2 * mlp) + max(mlp, call) + max(call, 2 * attn)
+    return blocks * max(0.0, paired - 3 * forward)
+
+
+def _attention_share(model: ModelSpec, layout: Layout) -> float:
+    """The attention's share of an MoE block's forward FLOPs on a rank (its linears and core, against the
+    experts', a shared expert's and the router's)."""
+    m = layout.micro_batch_size * model.seq_length / layout.sp
+    experts = moe.placement(model, layout)
+    linears = block_linears(model, m, layout.tp, True, layout.ep, experts=experts)
+    n_attention = len(linears) - (4 if model.shared_expert_ffn_hidden_size else 2)
+    flops = [x.m * x.k * x.n for x in linears]
+    core = m * model.seq_length * model.n_heads / layout.tp * (model.head_dim + model.v_width) / 2
+    attention = sum(flops[:n_attention]) + core
+    return attention / (sum(flops) + core)
 
 
 def skips_down_projection(model: ModelSpec, layout: Layout) -> bool:
@@ -168,6 +194,10 @@ def _tp_comm_s(model: ModelSpec, cluster: ClusterSpec, layout: Layout, load: Sta
     stops = skips_down_projection(model, layout)
     dense_share = (load.n_blocks - load.n_moe_blocks) / max(load.n_blocks, 1)  # as stage_compute shares it
     calls = 4 * load.n_blocks + 2 * rebuilt - (rebuilt * dense_share if stops else 0)
+    if layout.etp is not None and not model.shared_expert_ffn_hidden_size:
+        # Megatron-Core's MoE block dispatches its sequence-parallel tokens itself: only attention's pair of
+        # TP collectives remains (a shared expert, a TP-split MLP, keeps its own)
+        calls -= load.n_moe_blocks * (2 + (1 if rebuilt else 0))
     return calls * comm.all_reduce_s(tokens * model.hidden_size * e, _groups(layout, cluster)["tp"], cluster)
 
 
@@ -365,6 +395,9 @@ def step_time(
     e = layout.bytes_per_element
     m, p = layout.gradient_accumulation_steps, layout.pp
     micro_comm = _micro_comm_s(model, cluster, layout, load, e)
+    if layout.ep_comm_overlap and load.n_moe_blocks:
+        a2a = moe.moe_comm_s(model, cluster, layout, load.n_moe_blocks, e)
+        micro_comm = micro_comm - a2a + _a2a_overlapped_s(model, layout, load, a2a)
     if layout.comm_overlap and layout.tp > 1:
         # TE userbuffers: each TP collective runs beside the GEMM it feeds, so only what exceeds the micro-batch's
         # GEMM time shows (the pipeline sends and expert all-to-alls stay exposed)

@@ -1,0 +1,120 @@
+"""The MoE cost model (toolkit/plan/cost/moe.py): which tokens reach a rank's experts, the folded expert grid,
+the dispatchers, routing balance, EP overlap, MTP and uneven pipelines in the estimate."""
+
+from __future__ import annotations
+
+import pytest
+
+from toolkit.plan.cost import moe
+from toolkit.plan.cost.compute import block_linears
+from toolkit.plan.cost.estimate import estimate, stage_memories
+from toolkit.plan.layout import LayoutRequest
+from toolkit.plan.load import load_cluster, load_model
+from toolkit.plan.rules import resolve_layout
+
+MCORE = dict(zero_stage=1, fused_kernels=True, flash_attention=True)
+
+
+def _sp(tp: int) -> dict:
+    return {"tp": tp, "tp_sequence_parallel": tp > 1}
+
+
+def _grok(n_layers: int = 32):
+    """The issue's Grok-1-shaped model: 8 experts of 32768, top-2, hidden 6144, sequence 8192."""
+    spec = load_model("mixtral-8x7b").model_dump(exclude={"hf_config_json", "trace"})
+    spec.update(
+        name="grok-1-shaped", n_layers=n_layers, hidden_size=6144, n_heads=48, n_kv_heads=8, head_dim=128,
+        ffn_hidden_size=32768, moe_ffn_hidden_size=32768, vocab_size=131072, seq_length=8192,
+        max_position_embeddings=8192,
+    )  # fmt: skip
+    return type(load_model("mixtral-8x7b")).model_validate(spec)
+
+
+def _estimate(model, cluster, **fields):
+    layout = resolve_layout(model, cluster, LayoutRequest(**fields))
+    return estimate(model, cluster, layout)
+
+
+def test_each_tp_rank_computes_its_own_tokens_through_the_experts() -> None:
+    """With TP 4 a rank dispatches m/4 tokens (sequence parallelism; DeepSpeed's drop_tokens): the routed
+    GEMMs on a rank are a quarter of a TP-1 rank's, not the whole micro-batch's."""
+    m = _grok()
+    c = load_cluster("dgx-h100", {"nodes": 32})
+    layouts = [
+        resolve_layout(m, c, LayoutRequest(**_sp(tp), ep=8, **MCORE, etp=1, moe_routing="balanced"))
+        for tp in (1, 4)
+    ]
+    rows = [
+        block_linears(m, 8192, lay.tp, True, lay.ep, experts=moe.placement(m, lay))[2].m for lay in layouts
+    ]
+    assert rows[0] == pytest.approx(4 * rows[1]) and rows[1] == pytest.approx(8192 / 4 * 2)
+
+
+def test_grok_shaped_run_is_priced_near_the_published_step() -> None:
+    """Issue 45's example: TP4 PP4 VPP8 EP8 CP2 on 256 H100, sequence 8192, global batch 1024 — published a
+    20.7 s step at 42 % MFU (priced 57.3 s of compute before the MoE model)."""
+    est = _estimate(
+        _grok(), load_cluster("dgx-h100", {"nodes": 32, "attention_efficiency": 0.55}),
+        **_sp(4), pp=4, virtual_stages=8, ep=8, sp=2, precision="bf16", global_batch_size=1024,
+        comm_overlap=True, tp_vocab_parallel=True, **MCORE,
+    )  # fmt: skip
+    assert 0.8 < est.time.total_s / 20.7 < 1.25
+    assert 0.35 < est.mfu < 0.5
+
+
+def test_folded_ep_may_exceed_dp_and_stays_inside_the_node() -> None:
+    """Megatron-Core's expert grid: EP 32 over TP 2 × DP 16 (refused without --etp), EP at stride ETP."""
+    m, c = load_model("qwen3-235b-a22b"), load_cluster("dgx-h100", {"nodes": 32})
+    with pytest.raises(Exception, match="dp\\(16\\) must be divisible by ep\\(32\\)"):
+        resolve_layout(m, c, LayoutRequest(**_sp(2), pp=8, ep=32, **MCORE))
+    lay = resolve_layout(m, c, LayoutRequest(**_sp(2), pp=8, ep=32, etp=1, **MCORE))
+    assert moe.ep_group(lay, c).per_node == 8  # 8 consecutive ranks per node, not 4 at stride tp
+    assert lay.expert_dp == 1
+
+
+def test_natural_routing_costs_the_busiest_rank_and_balance_does_not() -> None:
+    m = load_model("qwen3-30b-a3b")
+    assert moe.imbalance(m, 8, 4096, "balanced") == 1.0 == moe.imbalance(m, 1, 4096, "natural")
+    few, many = moe.imbalance(m, 64, 512, "natural"), moe.imbalance(m, 64, 32768, "natural")
+    assert few > many > 1.0 and many < 1.03
+
+
+def test_deepep_sends_a_token_once_per_domain_and_fp8_forward() -> None:
+    """Top-8 routing over 4 nodes: NCCL's all-to-all moves each of the 8 copies, DeepEP each token once per
+    domain it reaches; in an fp8 run its forward dispatch moves FP8 rows."""
+    m, c = load_model("deepseek-v3-671b"), load_cluster("dgx-h100", {"nodes": 32})
+    base = dict(tp=1, pp=8, ep=32, etp=1, precision="fp8", **MCORE)
+    times = {}
+    for d in ("alltoall", "deepep"):
+        lay = resolve_layout(m, c, LayoutRequest(moe_dispatcher=d, **base))
+        times[d] = moe.moe_comm_s(m, c, lay, 1, 2)
+    assert times["deepep"] < 0.7 * times["alltoall"]
+    lay = resolve_layout(m, c, LayoutRequest(moe_dispatcher="deepep", **base))
+    assert moe.dispatch_bytes_per_element(lay, 2) == (moe.FP8_DISPATCH_BYTES, 2.0)
+
+
+def test_ep_overlap_hides_some_of_the_all_to_alls_not_all() -> None:
+    m, c = load_model("qwen3-235b-a22b"), load_cluster("dgx-h100", {"nodes": 32})
+    base = dict(
+        **_sp(2), pp=8, virtual_stages=4, ep=32, etp=1, precision="fp8", global_batch_size=2048, **MCORE
+    )
+    plain, overlapped = (_estimate(m, c, **base, ep_comm_overlap=o).time for o in (False, True))
+    assert overlapped.model_parallel_comm_s < plain.model_parallel_comm_s
+    assert overlapped.total_s > plain.compute_s + plain.pipeline_bubble_s
+
+
+def test_uneven_pipeline_and_mtp_are_priced_on_the_ranks_that_hold_them() -> None:
+    """94 blocks on PP 8 × VPP 4 (Megatron's account-for-embedding-and-loss split) estimate; an MTP layer on the
+    last rank adds a block's memory and time there."""
+    m, c = load_model("qwen3-235b-a22b"), load_cluster("dgx-h100", {"nodes": 32})
+    est = _estimate(m, c, **_sp(2), pp=8, virtual_stages=4, ep=32, etp=1, precision="fp8", **MCORE,
+                    pipeline_layout="Et*2|(t*3|)*30t*2L")  # fmt: skip
+    assert est.time.total_s > 0
+    ds = load_model("deepseek-v3-671b")
+    with_mtp = ds.model_copy(update={"mtp_layers": 1})
+    c2 = load_cluster("gb200-nvl72", {"nodes": 64})
+    fields = dict(tp=1, pp=4, virtual_stages=4, ep=64, etp=1, precision="bf16", **MCORE)
+    plain = stage_memories(ds, c2, resolve_layout(ds, c2, LayoutRequest(**fields)))
+    mtp = stage_memories(with_mtp, c2, resolve_layout(with_mtp, c2, LayoutRequest(**fields)))
+    assert mtp[-1].total > plain[-1].total and mtp[0].total == plain[0].total
+    assert _estimate(with_mtp, c2, **fields).time.compute_s > _estimate(ds, c2, **fields).time.compute_s

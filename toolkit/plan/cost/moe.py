@@ -1,0 +1,185 @@
+"""Mixture-of-Experts layers as the runtimes run them: which tokens reach a rank's experts, what the routed
+GEMMs are, and what dispatching them costs. Pure; no torch.
+
+Tokens. A rank dispatches only its share of the micro-batch: with tensor parallelism both runtimes drop the
+duplicate copies TP ranks hold — Megatron-Core because sequence parallelism leaves each TP rank m / tp tokens
+(MoEAlltoAllTokenDispatcher), DeepSpeed explicitly (`drop_tokens` before the all-to-all, deepspeed/moe/
+sharded_moe.py MOELayer.forward). HF's own sparse blocks without expert parallelism (dstk's DeepSpeed run path)
+compute every token on every rank.
+
+Groups. DeepSpeed keeps experts inside the data-parallel ranks: EP is a subgroup of DP, at stride tp·sp, and
+every expert is whole. Megatron-Core folds them ("MoE Parallel Folding", Liu et al. 2025, arXiv:2504.14960;
+megatron/core/parallel_state.py @ d98e8a64): the experts' own grid ETP × EP × EDP spans the same ranks as
+attention's TP × CP × DP, ETP innermost (rank order tp-cp-ep-dp-pp), so EP is consecutive ranks at stride ETP
+and may exceed DP. Each expert is split over ETP ranks (columns of the up projection, rows of the down one),
+which all-gather their dispatched tokens before the experts and reduce-scatter the outputs after.
+
+Rows. The busiest rank's experts compute rows = (m / tp) · top-k · capacity · imbalance · ETP, as one grouped GEMM
+of its E / EP experts (TE's GroupedLinear; tile quantization per expert, wave quantization over all of them).
+`imbalance` is 1 under forced balance (Megatron-Core's `--moe-router-force-load-balancing`, as NVIDIA's
+published benchmarks run). Under natural dropless routing the slowest of the EP ranks sets the pace; a uniform
+router already spreads R = tokens·k routed rows over EP ranks binomially, and the expected largest of EP such
+loads is about R/EP + σ·√(2 ln EP) with σ² = R·(1/EP)(1 − 1/EP) (the Gaussian maximum bound), i.e. a factor
+1 + √(2 ln EP · (1 − 1/EP) · EP / R). That is a lower bound: a trained router prefers some experts.
+
+Dispatch. Each MoE block moves every routed copy to its expert and back: forward a dispatch and a combine,
+backward their gradients — 4 all-to-alls of rows·h elements, 6 when full recomputation reruns the forward.
+- `alltoall` (NCCL's, both runtimes' default): each copy goes straight to its rank, the share for ranks in the
+  same NVLink domain over NVLink, the rest over the rank's NIC (toolkit.plan.cost.comm.all_to_all_s).
+- `allgather`: Megatron-Core's all-gather of the EP group's tokens then a reduce-scatter of the outputs, every
+  token to every rank: (EP − 1)/EP · EP·m/tp·h per call.
+- `deepep` / `hybridep` (Megatron-Core's flex dispatcher: DeepEP, github.com/deepseek-ai/DeepEP, and NVIDIA's
+  HybridEP): a token bound for several experts in another NVLink domain crosses the network once per domain and
+  is fanned out over NVLink there, so the NIC carries tokens × (distinct domains per token) rows instead of
+  tokens × top-k × (remote share) — DeepEP's published "RDMA bandwidth" counts the token's own domain among
+  them, and is what the kernels sustain on that count; in fp8, mxfp8 and nvfp4 runs the forward dispatch moves FP8 rows
+  (1 byte + a 4-byte scale per 128 values; the combine and both gradients stay bf16, DeepEP README). Bandwidth:
+  NVLink at the cluster's all-to-all figure (HybridEP's kernel-only BF16 dispatch on B200 735 GB/s, on GB200
+  612-764 GB/s from 8 to 36 ranks; DeepEP's intranode 153 GB/s on H800's ~160, DeepEP docs/legacy.md and
+  README_Hybrid-EP.md), the network at the NIC's rate (DeepEP 43-58 GB/s "RDMA bottleneck bandwidth" on 50 GB/s
+  CX7).
+Permutation (sorting tokens by expert and back) reads and writes each routed row once each way, forward and
+backward; the router is an m/tp × h × E GEMM.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from toolkit.plan.cost import comm
+from toolkit.plan.layout import Layout
+from toolkit.plan.specs import ClusterSpec, ModelSpec
+
+FP8_DISPATCH_BYTES = 1 + 4 / 128
+"""Bytes per element of a DeepEP/HybridEP FP8 dispatch: an E4M3 byte and one fp32 scale per 128 channels."""
+DISPATCHES = {"forward": 2, "backward": 2}
+"""All-to-alls per MoE block: dispatch and combine in forward, their gradients in backward."""
+
+
+@dataclass(frozen=True)
+class ExpertPlacement:
+    """Where a layout's routed experts run and which tokens reach them (module docstring)."""
+
+    ep: int = 1
+    etp: int = 1
+    token_split: int = 1
+    """TP ranks that share a micro-batch's tokens before dispatch: each dispatches 1/token_split of them."""
+    imbalance: float = 1.0
+    """The busiest EP rank's routed rows over the even share."""
+    folded: bool = False
+    """Megatron-Core's expert grid (EP at stride ETP over TP × CP × DP); DeepSpeed's EP is inside DP."""
+    dispatcher: str = "alltoall"
+
+
+def placement(model: ModelSpec, layout: Layout, hf_modules: bool = False) -> ExpertPlacement:
+    """The layout's expert placement for `model` (ExpertPlacement() for a dense model)."""
+    if not model.is_moe:
+        return ExpertPlacement()
+    split = 1 if hf_modules and layout.ep == 1 else layout.tp
+    tokens = layout.micro_batch_size * model.seq_length / layout.sp / split
+    return ExpertPlacement(
+        ep=layout.ep,
+        etp=layout.etp or 1,
+        token_split=split,
+        imbalance=imbalance(model, layout.ep, tokens, layout.moe_routing),
+        folded=layout.etp is not None,
+        dispatcher=layout.moe_dispatcher or "alltoall",
+    )
+
+
+def imbalance(model: ModelSpec, ep: int, tokens: float, routing: str) -> float:
+    """The busiest of `ep` ranks' routed rows over the even share, for `tokens` dispatched per rank (module
+    docstring): 1 when balanced or without expert parallelism."""
+    if routing == "balanced" or ep <= 1 or tokens <= 0:
+        return 1.0
+    rows = tokens * model.moe_top_k * ep  # the EP group's routed rows, spread over ep ranks
+    return 1.0 + math.sqrt(2 * math.log(ep) * (1 - 1 / ep) * ep / rows)
+
+
+def dispatched_rows(model: ModelSpec, m: float, p: ExpertPlacement) -> float:
+    """Routed copies a rank sends to the experts for `m` tokens (before any ETP gather)."""
+    return m / p.token_split * model.moe_top_k * model.moe_capacity_factor
+
+
+def expert_rows(model: ModelSpec, m: float, p: ExpertPlacement) -> float:
+    """Rows the busiest rank's experts compute for `m` tokens: its dispatched share, the imbalance, and the ETP
+    group's tokens gathered onto each of its ranks."""
+    return dispatched_rows(model, m, p) * p.imbalance * p.etp
+
+
+def ep_group(layout: Layout, cluster: ClusterSpec) -> comm.Group:
+    """The expert-parallel group: consecutive ranks at stride ETP when folded, at stride tp·sp inside DP
+    otherwise."""
+    stride = (layout.etp or 1) if layout.etp is not None else layout.tp * layout.sp
+    return comm.group(layout.ep, stride, cluster)
+
+
+def _remote_domains(ep: int, per_domain: int, top_k: int) -> float:
+    """Expected distinct other NVLink domains one token's top-k experts fall in, experts uniform over the EP
+    group's ep / per_domain domains."""
+    domains = max(1, math.ceil(ep / per_domain))
+    if domains == 1:
+        return 0.0
+    return (domains - 1) * (1 - (1 - 1 / domains) ** top_k)
+
+
+def dispatch_s(
+    model: ModelSpec, cluster: ClusterSpec, layout: Layout, rows: float, e: float, tokens: float
+) -> float:
+    """One dispatch or combine of `rows` routed copies (`tokens` distinct tokens) of h elements of `e` bytes over
+    the layout's EP group, by its dispatcher (module docstring)."""
+    g = ep_group(layout, cluster)
+    if g.size <= 1 or rows <= 0:
+        return 0.0
+    h = model.hidden_size
+    dispatcher = layout.moe_dispatcher or "alltoall"
+    if dispatcher == "alltoall":
+        return comm.all_to_all_s(rows * h * e, g, cluster)
+    if dispatcher == "allgather":
+        return comm.all_gather_s(tokens * g.size * h * e, g, cluster)
+    intra = comm.intra_bandwidth_gb_per_s(g, cluster, "all_to_all") * 1e9
+    nvlink = rows * h * e * (1 - 1 / g.size) / intra
+    remote = _remote_domains(g.size, g.per_node, model.moe_top_k)
+    # DeepEP's "RDMA bottleneck bandwidth" counts a token once per distinct destination domain, its own
+    # included, and runs at about the NIC's rate (43-58 GB/s on 50 GB/s CX7): price those bytes at it
+    network = tokens * (remote + 1) * h * e / (cluster.inter_node_gb_per_s * 1e9) if remote else 0.0
+    return max(nvlink, network) + comm.ring_latency_s(g, cluster)
+
+
+def dispatch_bytes_per_element(layout: Layout, e: int) -> tuple[float, float]:
+    """(forward dispatch, every other call) bytes per element: DeepEP/HybridEP move FP8 rows forward in runs
+    whose GEMMs take FP8 (or narrower) inputs."""
+    fp8_run = layout.fp8_recipe is not None
+    flex = (layout.moe_dispatcher or "alltoall") in ("deepep", "hybridep")
+    return (FP8_DISPATCH_BYTES if fp8_run and flex else float(e)), float(e)
+
+
+def moe_comm_s(model: ModelSpec, cluster: ClusterSpec, layout: Layout, blocks: int, e: int) -> float:
+    """The expert all-to-alls (and ETP gathers) of `blocks` MoE blocks for one micro-batch on one rank."""
+    if blocks <= 0 or not model.is_moe:
+        return 0.0
+    p = placement(model, layout)
+    m = layout.micro_batch_size * model.seq_length / layout.sp
+    tokens = m / p.token_split
+    rows = dispatched_rows(model, m, p) * p.imbalance
+    first, other = dispatch_bytes_per_element(layout, e)
+    reruns = 2 if layout.recompute == "full" else 0
+    per_block = dispatch_s(model, cluster, layout, rows, first, tokens)
+    per_block += (DISPATCHES["forward"] + DISPATCHES["backward"] - 1 + reruns) * dispatch_s(
+        model, cluster, layout, rows, other, tokens
+    )
+    if p.etp > 1:
+        etp = comm.group(p.etp, 1, cluster)
+        gathered = rows * p.etp * model.hidden_size * e
+        # all-gather before the experts and reduce-scatter after, each again in backward
+        per_block += (2 + reruns // 2) * (
+            comm.all_gather_s(gathered, etp, cluster) + comm.reduce_scatter_s(gathered, etp, cluster)
+        )
+    return blocks * per_block
+
+
+def permute_bytes(model: ModelSpec, m: float, p: ExpertPlacement, e: int) -> float:
+    """HBM bytes of sorting one block's routed copies by expert and back, forward: each row read and written
+    once by the permutation and once by the unpermutation."""
+    return 4 * dispatched_rows(model, m, p) * p.imbalance * model.hidden_size * e
