@@ -39,7 +39,13 @@ from benchmarks.published_runs import estimate_json, write_report
 
 DATA = Path(__file__).resolve().parent / "data" / "published_moe.yaml"
 PRESETS = Path(__file__).resolve().parents[1] / "toolkit" / "plan" / "presets" / "models"
-CLUSTERS = {"GB200": "gb200-nvl72", "GB300": "gb300-nvl72", "B200": "dgx-b200", "B300": "dgx-b300", "H100": "dgx-h100"}
+CLUSTERS = {
+    "GB200": "gb200-nvl72",
+    "GB300": "gb300-nvl72",
+    "B200": "dgx-b200",
+    "B300": "dgx-b300",
+    "H100": "dgx-h100",
+}
 GPUS_PER_NODE = {"gb200-nvl72": 4, "gb300-nvl72": 4, "dgx-b200": 8, "dgx-b300": 8, "dgx-h100": 8}
 PRECISION = {"bf16": "bf16", "fp8-current": "fp8", "mxfp8": "mxfp8", "nvfp4": "nvfp4"}
 # Mixtral 8x22B (mistralai/Mixtral-8x22B-v0.1 config.json): not a dstk preset
@@ -62,7 +68,12 @@ EXTRA_MODELS = {
 # (src/megatron/bridge/recipes/deepseek/deepseek_v3.py) and _get_kimi_k2_pipeline_layout (recipes/kimi/kimi_k2.py):
 # 16 virtual stages [E+4t] [4t]×14 [t(+m)+L], 8 stages [E+8t] [8t]×6 [5t(+m)+L]; 32 stages are Megatron-LM's
 # DeepSeek-V3 guide's `Et|(tt|)*30mL`.
-BRIDGE_LAYOUTS = {16: "Et*4|(t*4|)*14t{m}L", 8: "Et*8|(t*8|)*6t*5{m}L", 4: "Et*16|t*16|t*16|t*13{m}L", 32: "Et|(tt|)*30{m}L"}
+BRIDGE_LAYOUTS = {
+    16: "Et*4|(t*4|)*14t{m}L",
+    8: "Et*8|(t*8|)*6t*5{m}L",
+    4: "Et*16|t*16|t*16|t*13{m}L",
+    32: "Et|(tt|)*30{m}L",
+}
 
 
 def row_model(row: dict, models: Path) -> tuple[str, dict]:
