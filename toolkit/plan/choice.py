@@ -119,9 +119,32 @@ def explain(best: Candidate, alternatives: list[tuple[str, Candidate]], search: 
             f"{dim} = {getattr(alt.layout, dim)} instead: {alt.rejected_because} ({alt.layout.describe()})."
         )
     lines.append(_precision_line(best, search))
+    margin = _margin_line(best, search)
+    if margin:
+        lines.append(margin)
     for name, msg in sorted(search.rule_rejections.items()):
         lines.append(f"Excluded by rule {name}: {msg}.")
     return lines
+
+
+def _margin_line(best: Candidate, search: Any) -> str | None:
+    """The fastest layout that fits the accelerator but not the safety margin, where it beats the winner by
+    more than the near-tie band: its speed, its memory, and the `--memory-margin` that would keep it."""
+    faster = [
+        c for c in getattr(search, "margin_only", []) if c.tokens_per_s > (1 + NEAR_TIE) * best.tokens_per_s
+    ]
+    if not faster:
+        return None
+    alt = max(faster, key=lambda c: c.tokens_per_s)
+    capacity = search.cluster.gpu_memory_gib * 2**30
+    keeps = max(0.0, int((1 - alt.total_bytes / capacity) * 100) / 100)
+    return (
+        f"Dropped by the safety margin only: {alt.layout.describe()} would run {alt.tokens_per_s / best.tokens_per_s:.2f}× "
+        f"as fast ({alt.tokens_per_s:,.0f} tokens/s) at {format_bytes(alt.total_bytes, 1)} of "
+        f"{search.cluster.gpu_memory_gib:g} GiB per GPU, inside the accelerator but over the "
+        f"{format_bytes(search.usable, 1)} the margin leaves; --memory-margin {keeps:.2f} keeps it (less room "
+        "for fragmentation and transient peaks)."
+    )
 
 
 def _precision_line(best: Candidate, search: Any) -> str:

@@ -299,6 +299,8 @@ class Layout(LayoutRequest):
             text += f" mb{self.micro_batch_size} {self.recompute}"
             if self.ep > 1:
                 text += f" ep{self.ep}"
+            if self.etp is not None and self.etp > 1:
+                text += f" etp{self.etp}"
             if self.sp > 1:
                 text += f" sp{self.sp}"
             if self.zeropp:
@@ -311,8 +313,14 @@ class Layout(LayoutRequest):
         parts = [f"ZeRO-{self.zero_stage}", f"tp={self.tp}", f"pp={self.pp}", f"dp={self.dp}"]
         if self.ep > 1:
             parts.append(f"ep={self.ep}")
+        if self.etp is not None:
+            parts.append(f"etp={self.etp}")
+        if self.ep > 1 and self.moe_dispatcher is not None:
+            parts.append(self.moe_dispatcher)
         if self.sp > 1:
             parts.append(f"sp={self.sp}")
+        if self.virtual_stages > 1:
+            parts.append(f"vp={self.virtual_stages}")
         parts += [
             f"micro={self.micro_batch_size}",
             f"accum={self.gradient_accumulation_steps}",

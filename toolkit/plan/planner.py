@@ -87,6 +87,9 @@ class _Search:
         self.searched = 0
         self.closest_host: tuple[float, str] | None = None
         self.precisions = query.precisions(cluster)
+        self.core = "megatron-core" in query.scopes
+        self.margin_only: list[Candidate] = []
+        """Layouts that fit the accelerator but not the safety margin, estimated (for the "Why" note)."""
 
     def shapes(self) -> list[tuple[int, int, int, int]]:
         """(tp, pp, sp, ep) combinations that tile the world size."""
@@ -110,9 +113,31 @@ class _Search:
                     if rest % sp:
                         continue
                     dp = rest // sp
-                    eps = [e for e in _divisors(math.gcd(m.num_experts, dp))] if m.is_moe else [1]
+                    # Megatron-Core folds experts over TP × CP × DP; DeepSpeed keeps them inside DP
+                    ranks = tp * sp * dp if self.core else dp
+                    eps = [e for e in _divisors(math.gcd(m.num_experts, ranks))] if m.is_moe else [1]
                     out += [(tp, pp, sp, ep) for ep in q.options("ep", eps)]
         return out
+
+    def moe_options(self, tp: int, sp: int, dp: int, ep: int, pp: int) -> list[dict[str, Any]]:
+        """Megatron-Core's MoE knobs for one shape: ETP 1 or TP (where ETP × EP divides the stage's ranks),
+        the dispatcher (NCCL's all-to-all or HybridEP) where EP > 1, and its overlaps as the recipes run them
+        (`--comm-overlap`; EP A2A overlap without a pipeline, where Megatron-Core does not need VPP for it).
+        One empty option for the other targets and dense models."""
+        if not self.core:
+            return [{}]
+        common: dict[str, Any] = {"comm_overlap": True}
+        if not self.model.is_moe:
+            return [common]
+        q, ranks = self.query, tp * sp * dp
+        etps = q.options("etp", [e for e in dict.fromkeys((1, tp)) if ranks % (e * ep) == 0])
+        dispatchers = q.options("moe_dispatcher", ["alltoall", "hybridep"] if ep > 1 else ["alltoall"])
+        overlap = ep > 1 and pp == 1
+        return [
+            {**common, "etp": e, "moe_dispatcher": d, "ep_comm_overlap": overlap and d != "allgather"}
+            for e in etps
+            for d in dispatchers
+        ]
 
     def run(self, allow_offload: bool) -> None:
         # Megatron (no "deepspeed" scope) runs TP with sequence parallelism and a vocabulary-parallel
@@ -123,6 +148,8 @@ class _Search:
         shapes = self.shapes()
         for precision in self.precisions:
             flash = runtime_flash_attention(self.model, self.query.flash_attention, fused, precision)
+            if self.core and self.query.flash_attention is None:
+                flash = True  # Transformer Engine's fused (cuDNN) attention, Megatron-Core's default backend
             for shape in shapes:
                 self._run_shape(shape, precision, fused, flash, megatron, allow_offload)
 
@@ -148,7 +175,10 @@ class _Search:
         micros = [m for m in q.options("micro_batch_size", _divisors(per_rank)) if per_rank % m == 0]
         if not micros:
             return
-        for zero in q.options("zero_stage", [0, 1, 2, 3] if pp == 1 else [0, 1]):
+        zeros = [0, 1] if pp > 1 or self.core else [0, 1, 2, 3]
+        for zero, moe in (
+            (z, o) for z in q.options("zero_stage", zeros) for o in self.moe_options(tp, sp, dp, ep, pp)
+        ):
             for off_opt, off_param in _offload_options(zero, c, allow_offload):
                 if q.offload_optimizer not in (None, off_opt) or q.offload_param not in (None, off_param):
                     continue
@@ -177,7 +207,10 @@ class _Search:
                             zeropp=zeropp,
                             fused_kernels=fused,
                             flash_attention=flash,
+                            **moe,
                         )
+                        # Megatron-Core refuses its EP A2A overlap with full recomputation
+                        base["ep_comm_overlap"] = bool(moe.get("ep_comm_overlap")) and recompute != "full"
                         self._walk_micro(base, dp, micros)
 
     def _misfit(self, mem: Memory) -> str | None:
@@ -227,6 +260,12 @@ class _Search:
             why = self._misfit(mem)
             if why:
                 self.too_big.append(Candidate(layout, None, mem.total, why))
+                c = self.cluster
+                inside = mem.total <= c.gpu_memory_gib * GIB and host_fits(mem, c) and nvme_fits(mem, c)
+                if inside and mem.total > self.usable:  # dropped by the safety margin alone
+                    self.margin_only.append(
+                        Candidate(layout, estimate(self.model, c, layout), mem.total, why)
+                    )
                 break
             est = estimate(self.model, self.cluster, layout)
             self.fitting.append(Candidate(layout, est, mem.total))

@@ -30,6 +30,8 @@ SEARCHED = (
     "pp",
     "sp",
     "ep",
+    "etp",
+    "moe_dispatcher",
     "micro_batch_size",
     "recompute",
     "offload_optimizer",
@@ -50,6 +52,10 @@ class PlanQuery(BaseModel):
     pp: int | None = Field(default=None, gt=0)
     sp: int | None = Field(default=None, gt=0)
     ep: int | None = Field(default=None, gt=0)
+    etp: int | None = Field(default=None, gt=0)
+    """Searched (1 or TP) for Megatron-Core plans of MoE models; DeepSpeed's experts have none."""
+    moe_dispatcher: Literal["alltoall", "allgather", "deepep", "hybridep"] | None = None
+    """Searched (alltoall or hybridep) for Megatron-Core plans with expert parallelism."""
     micro_batch_size: int | None = Field(default=None, gt=0)
     recompute: Recompute | None = None
     recompute_early_stop: bool | None = None
