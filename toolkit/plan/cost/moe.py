@@ -34,10 +34,10 @@ backward their gradients — 4 all-to-alls of rows·h elements, 6 when full reco
   tokens × top-k × (remote share) — DeepEP's published "RDMA bandwidth" counts the token's own domain among
   them, and is what the kernels sustain on that count; in fp8, mxfp8 and nvfp4 runs the forward dispatch moves FP8 rows
   (1 byte + a 4-byte scale per 128 values; the combine and both gradients stay bf16, DeepEP README). Bandwidth:
-  NVLink at the cluster's all-to-all figure (HybridEP's kernel-only BF16 dispatch on B200 735 GB/s, on GB200
-  612-764 GB/s from 8 to 36 ranks; DeepEP's intranode 153 GB/s on H800's ~160, DeepEP docs/legacy.md and
-  README_Hybrid-EP.md), the network at the NIC's rate (DeepEP 43-58 GB/s "RDMA bottleneck bandwidth" on 50 GB/s
-  CX7).
+  NVLink at the cluster's all-to-all figure for HybridEP (its kernel-only BF16 dispatch on B200 735 GB/s, on
+  GB200 612-764 GB/s from 8 to 36 ranks) and at most DEEPEP_SMS × DEEPEP_GB_PER_S_PER_SM for DeepEP (153 GB/s
+  on H800's ~160, 420-494 GB/s on B200; DeepEP docs/legacy.md and README_Hybrid-EP.md), the network at the NIC's
+  rate (DeepEP 43-58 GB/s "RDMA bottleneck bandwidth" on 50 GB/s CX7).
 Permutation (sorting tokens by expert and back) reads and writes each routed row once each way, forward and
 backward; the router is an m/tp × h × E GEMM.
 """
@@ -53,6 +53,15 @@ from toolkit.plan.specs import ClusterSpec, ModelSpec
 
 FP8_DISPATCH_BYTES = 1 + 4 / 128
 """Bytes per element of a DeepEP/HybridEP FP8 dispatch: an E4M3 byte and one fp32 scale per 128 channels."""
+DEEPEP_SMS = 20
+"""SMs DeepEP's normal (training) kernels run on: `Buffer.num_sms` by default (deep_ep/buffer.py @ 2be0d4f);
+"only 20 SMs are sufficient to fully utilize the bandwidths of IB and NVLink" on H800 (DeepSeek-V3 report
+§3.2.2)."""
+DEEPEP_GB_PER_S_PER_SM = 19.0
+"""What one SM of DeepEP's normal kernels moves: on B200 at 24 SMs 494 GB/s dispatch and 420 GB/s combine
+(NVIDIA's comparison in DeepEP's docs/README_Hybrid-EP.md @ 17cfb81, Torch API, BF16), 19 GB/s per SM — so 20 SMs
+saturate H800's ~160 GB/s NVLink but not NVLink 5. HybridEP (TMA copies) reaches 735 GB/s on 16 SMs and is
+priced at the domain's all-to-all bandwidth."""
 DISPATCHES = {"forward": 2, "backward": 2}
 """All-to-alls per MoE block: dispatch and combine in forward, their gradients in backward."""
 
@@ -139,6 +148,8 @@ def dispatch_s(
     if dispatcher == "allgather":
         return comm.all_gather_s(tokens * g.size * h * e, g, cluster)
     intra = comm.intra_bandwidth_gb_per_s(g, cluster, "all_to_all") * 1e9
+    if dispatcher == "deepep":  # its copy kernels run on a fixed set of SMs, which bound it below NVLink 5
+        intra = min(intra, DEEPEP_SMS * DEEPEP_GB_PER_S_PER_SM * 1e9)
     nvlink = rows * h * e * (1 - 1 / g.size) / intra
     remote = _remote_domains(g.size, g.per_node, model.moe_top_k)
     # DeepEP's "RDMA bottleneck bandwidth" counts a token once per distinct destination domain, its own
