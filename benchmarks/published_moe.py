@@ -18,7 +18,8 @@ Each row is priced as its stack runs, from the recipe (no per-row constant):
   the recipe's dispatcher (`--moe-dispatcher`), EP communication overlap (`--ep-comm-overlap`), force-balanced
   routing ("In MoE training benchmarks, we force-balance the token distribution among experts", the summary's
   footnote), the recipe's pipeline layout and multi-token-prediction layers, FP8 with per-tensor scaling
-  (`--precision fp8`), MXFP8 and NVFP4 as TE's block-scaled recipes.
+  (`--precision fp8`), MXFP8 and NVFP4 as TE's block-scaled recipes, and the full-iteration CUDA graph of the
+  newest recipes (`--cuda-graphs`).
 - torchtitan: PyTorch FSDP2 (`--fsdp fp32 --zero-stage 3`, gradients reduced in fp32, torchtitan's default),
   torch.compile (`--fused-kernels`), SDPA's flash attention, expert parallelism inside the FSDP ranks, DeepEP
   where the row says so, full activation checkpointing where it was on.
@@ -148,6 +149,8 @@ def flags(row: dict, models: Path) -> list[str]:
         out += ["--pipeline-layout", layout]
     recompute = str(lay.get("recompute") or "none")
     out += ["--recompute", "selective" if recompute.startswith("selective") else "none"]
+    if "full-iteration" in str(lay.get("cuda_graph")):
+        out += ["--cuda-graphs"]
     overlap = str(lay.get("ep_comm_overlap") or "")
     if "true" in overlap.lower() and ep > 1 and (pp == 1 or vp > 1):
         out += ["--ep-comm-overlap"]

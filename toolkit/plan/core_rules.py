@@ -28,6 +28,7 @@ def core_only(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | 
         (r.moe_routing == "balanced", "--moe-routing balanced (--moe-router-force-load-balancing)"),
         (r.ep_comm_overlap, "--ep-comm-overlap (--overlap-moe-expert-parallel-comm)"),
         (r.pipeline_layout is not None, "--pipeline-layout"),
+        (r.cuda_graphs, "--cuda-graphs (--cuda-graph-impl full_iteration)"),
         (m.mtp_layers > 0, f"mtp_layers: {m.mtp_layers} (multi-token prediction)"),
     ]
     named = [what for hit, what in found if hit]

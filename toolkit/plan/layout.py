@@ -71,6 +71,7 @@ LAYOUT_FLAGS: dict[str, str] = {
     "moe_routing": "--moe-routing",
     "ep_comm_overlap": "--ep-comm-overlap",
     "pipeline_layout": "--pipeline-layout",
+    "cuda_graphs": "--cuda-graphs",
     "fsdp": "--fsdp",
     "fsdp_backward_prefetch": "--fsdp-backward-prefetch",
     "lora": "--lora",
@@ -184,6 +185,10 @@ class LayoutRequest(BaseModel):
     ep_comm_overlap: bool = False
     """Megatron-Core's `--overlap-moe-expert-parallel-comm` (with `--delay-wgrad-compute`): each micro-batch's
     dispatch and combine run beside another micro-batch's compute in 1F1B, hidden as far as that lasts."""
+    cuda_graphs: bool = False
+    """Megatron-Core's full-iteration CUDA graph (`--cuda-graph-impl full_iteration`, MoE layers padded to
+    static shapes): the step replays one graph, so no kernel costs host time and no MoE layer waits on the host.
+    Off: every kernel is issued by the host, and a dropless MoE layer's sync stops it queueing ahead."""
     pipeline_layout: str | None = None
     """Which blocks each pipeline stage holds, in Megatron-Core's `--pipeline-model-parallel-layout` syntax:
     stages separated by `|`, `E` the embedding, `t` a block, `m` a multi-token-prediction layer, `L` the loss

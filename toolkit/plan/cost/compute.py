@@ -246,7 +246,8 @@ def block_time(
     if cpu:
         return BlockTime(f_work + f_issue, b_work + b_issue, per_step, replay)
     serial = moe_host_s(model, cluster, p, fp8 is not None) if moe else 0.0
-    return BlockTime(max(f_work, f_issue) + serial, max(b_work, b_issue) + times * serial, per_step, replay)
+    # backward reuses the counts the forward synced: it queues ahead like a dense block's
+    return BlockTime(max(f_work, f_issue) + serial, max(b_work, b_issue), per_step, replay)
 
 
 def moe_host_s(model: ModelSpec, cluster: ClusterSpec, p: ExpertPlacement, fp8: bool) -> float:
