@@ -33,6 +33,10 @@ CASES = [
 MOE_CASES = [
     ["--model", "kimi-k2-1t", "--cluster", "dgx-h100", "--nodes", "512"],
     ["--model", "deepseek-v3-671b", "--cluster", "dgx-h100", "--nodes", "32"],
+    # Megatron-Core's folded expert grid: EP over TP x CP x DP, ETP and the dispatcher searched too (#45)
+    ["--model", "deepseek-v3-671b", "--cluster", "dgx-h100", "--nodes", "32", "--target", "megatron-core"],
+    ["--model", "deepseek-v3-671b", "--cluster", "gb200-nvl72", "--nodes", "64", "--target", "megatron-core"],
+    ["--model", "kimi-k2-1t", "--cluster", "gb200-nvl72", "--nodes", "64", "--target", "megatron-core"],
 ]
 """The 1T-scale MoE presets: under 2 s, and planned with expert parallelism."""
 TRACED_TYPES = ["smollm3", "qwen3_next"]

@@ -139,8 +139,23 @@ def _largest_expert_leaf(spec: ModelSpec) -> int:
     return per_matrix
 
 
+_COUNTED: dict[int, tuple[ModelSpec, ParamCount]] = {}
+
+
 def count_params(spec: ModelSpec) -> ParamCount:
-    """Count every parameter of `spec` by component (see module docstring for the HF correspondence)."""
+    """Count every parameter of `spec` by component (see module docstring for the HF correspondence). A spec is
+    frozen, so its count is kept beside it (the planner asks thousands of times per plan)."""
+    held = _COUNTED.get(id(spec))
+    if held is not None and held[0] is spec:
+        return held[1]
+    if len(_COUNTED) > 256:
+        _COUNTED.clear()
+    pc = _count_params(spec)
+    _COUNTED[id(spec)] = (spec, pc)
+    return pc
+
+
+def _count_params(spec: ModelSpec) -> ParamCount:
     if spec.trace is not None:
         return _traced_count(spec.trace)
     h, d = spec.hidden_size, spec.head_dim

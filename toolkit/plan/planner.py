@@ -131,7 +131,10 @@ class _Search:
             return [common]
         q, ranks = self.query, tp * sp * dp
         etps = q.options("etp", [e for e in dict.fromkeys((1, tp)) if ranks % (e * ep) == 0])
-        dispatchers = q.options("moe_dispatcher", ["alltoall", "hybridep"] if ep > 1 else ["alltoall"])
+        # HybridEP differs from NCCL's all-to-all where the EP group spans NVLink domains (a token crosses the
+        # network once per domain, FP8 forward); inside one domain both move the same rows at NVLink's rate
+        spans = ep * min(etps) > self.cluster.nvlink_domain
+        dispatchers = q.options("moe_dispatcher", ["alltoall", "hybridep"] if spans else ["alltoall"])
         overlap = ep > 1 and pp == 1
         return [
             {**common, "etp": e, "moe_dispatcher": d, "ep_comm_overlap": overlap and d != "allgather"}

@@ -209,7 +209,8 @@ class ModelSpec(BaseModel):
         """Blocks whose MLP is an MoE layer (`moe_layer`): every `moe_layer_interval`-th after the first dense ones."""
         if self.trace is not None:
             return self.trace.kind(True).blocks
-        return sum(1 for j in range(self.n_layers) if self.moe_layer(j)) if self.is_moe else 0
+        k, first = self.moe_layer_interval, min(self.first_dense_layers, self.n_layers)
+        return self.n_layers // k - first // k if self.is_moe else 0  # multiples of k in (first, n_layers]
 
     @property
     def v_width(self) -> int:

@@ -8,6 +8,7 @@ GEMM's efficiency also carries its tile and wave quantization (`quantization_eff
 
 from __future__ import annotations
 
+import functools
 import math
 
 from toolkit.plan.cost.fp8 import Fp8Gemms, Linear
@@ -18,6 +19,7 @@ from toolkit.plan.specs import ClusterSpec
 GEMM_TILES = ((256, 128), (128, 256), (128, 128))
 
 
+@functools.lru_cache(maxsize=65536)  # the planner asks for the same shapes thousands of times
 def quantization_efficiency(m: float, n: float, sm_count: int, groups: float = 1.0) -> float:
     """Fraction of the GPU's tile slots an m×n GEMM output keeps busy, for the best of `GEMM_TILES`.
 

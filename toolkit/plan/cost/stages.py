@@ -3,6 +3,7 @@ toolkit/plan/pipeline_layout.py with their MoE blocks counted, and the candidate
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from toolkit.plan import pipeline_layout
@@ -33,11 +34,28 @@ class Stage:
 
 
 def stages_of(model: ModelSpec, pp: int, virtual_stages: int = 1, layout: str | None = None) -> list[Stage]:
-    out = []
-    for r in pipeline_layout.rank_stages(model.n_layers, pp, virtual_stages, layout, model.mtp_layers):
-        moe = sum(1 for j in r.blocks if model.moe_layer(j))
-        out.append(Stage(r.index, len(r.blocks), moe, r.embedding, r.head, r.mtp))
-    return out
+    """The pipeline ranks of `model` (the planner asks for the same few thousands of times: cached by what
+    decides them, the block count and which blocks are MoE)."""
+    kinds = tuple(model.moe_layer(j) for j in range(model.n_layers)) if model.trace is not None else None
+    key = (model.n_layers, model.is_moe, model.first_dense_layers, model.moe_layer_interval, kinds)
+    return list(_stages(key, model.mtp_layers, pp, virtual_stages, layout))
+
+
+@functools.lru_cache(maxsize=4096)
+def _stages(
+    key: tuple, mtp_layers: int, pp: int, virtual_stages: int, layout: str | None
+) -> tuple[Stage, ...]:
+    n_layers, is_moe, first_dense, interval, kinds = key
+
+    def moe(j: int) -> bool:
+        if kinds is not None:
+            return kinds[j]
+        return is_moe and j >= first_dense and (j + 1) % interval == 0
+
+    return tuple(
+        Stage(r.index, len(r.blocks), sum(1 for j in r.blocks if moe(j)), r.embedding, r.head, r.mtp)
+        for r in pipeline_layout.rank_stages(n_layers, pp, virtual_stages, layout, mtp_layers)
+    )
 
 
 def layout_stages(model: ModelSpec, layout: Layout) -> list[Stage]:
