@@ -44,6 +44,11 @@ KERNELS_PER_BLOCK_FORWARD = 15
 # fp32 passes) and 28h in fp32 (no casts). HF's `apply_rotary_pos_emb`: `q·cos`, `rotate_half` (a negation
 # and a concatenation), `·sin`, the sum — five kernels and ten passes of the tensor, for q and for k.
 # transformers' modeling_llama.py (LlamaRMSNorm, apply_rotary_pos_emb), counted from the source.
+MOE_KERNELS_ROUTING = 12
+"""Kernels of Megatron-Core's MoE layer before its host sync, besides the dense block's MLP they replace: the
+router GEMM, the score function, top-k and the probabilities' normalization (4), the auxiliary/z losses (4),
+the token counts and their all-to-all (2), the permutation (2) — counted from TopKRouter.forward and
+MoEAlltoAllTokenDispatcher (megatron/core/transformer/moe @ d98e8a64)."""
 MOE_KERNELS_AFTER_SYNC = 12
 """Kernels of Megatron-Core's MoE layer after its host sync, besides the experts' GEMMs: sorting the received
 tokens by local expert (2), the activation (1), the unsort (2), the combine all-to-all and its bookkeeping (3),
@@ -228,7 +233,10 @@ def block_time(
         passes += ROTARY_EAGER_PASSES * (model.n_heads + model.n_kv_heads) * rope / tp
     elementwise = passes * e * m / hbm
     t += elementwise
-    issue = kernels_per_block(model, fused, flash) * cluster.kernel_launch_us * 1e-6
+    kernels = kernels_per_block(model, fused, flash, moe)
+    if moe and model.trace is None:
+        kernels += moe_kernels(model, p, fp8 is not None)
+    issue = kernels * cluster.kernel_launch_us * 1e-6
     casts = cast_traffic(linears, e, fp8.recipe, fp8.compiled) if fp8 else CastTraffic(0, 0, 0, 0)
     launch = cluster.kernel_launch_us * 1e-6
     f_work, f_issue = t + casts.forward_bytes / hbm, issue + casts.forward_kernels * launch
@@ -245,22 +253,25 @@ def block_time(
         replay = sac + f_issue if cpu else max(sac, f_issue)
     if cpu:
         return BlockTime(f_work + f_issue, b_work + b_issue, per_step, replay)
-    serial = moe_host_s(model, cluster, p, fp8 is not None) if moe else 0.0
-    # backward reuses the counts the forward synced: it queues ahead like a dense block's
-    return BlockTime(max(f_work, f_issue) + serial, max(b_work, b_issue), per_step, replay)
+    # a dropless MoE layer syncs its token counts to the host in forward: the host cannot queue past that point,
+    # so the layer pays the issue of its first kernel after it on top (module docstring of moe_kernels)
+    stall = cluster.kernel_launch_us * 1e-6 if moe else 0.0
+    return BlockTime(max(f_work, f_issue) + stall, max(b_work, b_issue), per_step, replay)
 
 
-def moe_host_s(model: ModelSpec, cluster: ClusterSpec, p: ExpertPlacement, fp8: bool) -> float:
-    """Host time of an MoE block's forward that the GPU waits for. Dropless routing sizes the experts'
-    GEMMs on the host: Transformer Engine's GroupedLinear takes the tokens per expert as a Python list
-    (`m_splits`), HF's expert loop indexes by `nonzero`, so each MoE layer copies its counts to the host and
-    the host cannot queue kernels ahead of that point. What follows — one GEMM per local expert per linear
-    layer (GroupedLinear's cuBLAS GEMMs; in FP8 a quantization of each expert's input too), the unpermutation
-    and the combine — is issued while the GPU waits: MOE_KERNELS_AFTER_SYNC plus the per-expert kernels, each
-    `kernel_launch_us`."""
+def moe_kernels(model: ModelSpec, p: ExpertPlacement, fp8: bool) -> float:
+    """Kernels an MoE block's forward issues beyond a dense block's, as Megatron-Core's MoE layer runs them
+    (megatron/core/transformer/moe @ d98e8a64, Transformer Engine's GroupedLinear): the router and its routing
+    (MOE_KERNELS_ROUTING), the permutation and the exchange of counts before the host sync, the dispatch,
+    sort by local expert, activation, unsort, combine and unpermutation after it (MOE_KERNELS_AFTER_SYNC), and
+    per local expert one GEMM per linear layer — GroupedLinear issues the experts' GEMMs as separate cuBLAS
+    calls — with, in FP8, a quantization of each expert's input too. Dropless routing sizes those GEMMs on the
+    host (`m_splits`, a Python list; HF's expert loop indexes by `nonzero`): each layer's forward copies its
+    counts to the host, and the host cannot queue the rest of the layer before they arrive. The layer then
+    runs as fast as the slower of its GPU work and the host's issue of all of it (the issue floor), the
+    backward (which reuses the counts) as a dense block's."""
     per_expert = 2 * (2 if fp8 else 1)
-    kernels = MOE_KERNELS_AFTER_SYNC + per_expert * model.num_experts / p.ep
-    return kernels * cluster.kernel_launch_us * 1e-6
+    return MOE_KERNELS_ROUTING + MOE_KERNELS_AFTER_SYNC + per_expert * model.num_experts / p.ep
 
 
 def early_stop_skips(
