@@ -15,6 +15,7 @@ from toolkit.commands import (
     add_option_fields,
     add_target_arg,
     cluster_from_args,
+    core_attention_default,
     job_flags,
     layout_request_from_args,
     model_from_args,
@@ -79,10 +80,17 @@ def _job(args: argparse.Namespace) -> Any:
     from toolkit.plan.training_cost import cost_inputs
 
     model, cluster = model_from_args(args), cluster_from_args(args)
+    if args.target == "megatron-core":  # every layout would be refused for the same reason
+        from toolkit.plan.core_rules import core_model_problem
+
+        problem = core_model_problem(model, cluster)
+        if problem:
+            raise UserError(problem)
     margin = DEFAULT_MARGIN if args.memory_margin is None else args.memory_margin
     if not 0 <= margin < 1:
         raise UserError(f"--memory-margin: {margin} must be in [0, 1)")
     scopes = scopes_from_args(args)
+    core_attention_default(args)
     request = layout_request_from_args(args)
     query = PlanQuery.pinning(request, margin=margin, scopes=scopes, allow_fp8=args.allow_fp8)
     theirs = None
