@@ -151,7 +151,10 @@ def test_plan_and_config_plan_for_megatron_core_agree(flags) -> None:
 def test_plan_refuses_a_model_megatron_core_cannot_build() -> None:
     res = dstk("plan", "--model", "gemma-3-27b", "--cluster", "dgx-h100", "--target", "megatron-core")
     assert res.code == 2 and res.err.count("\n") == 1, res.err
-    assert "dstk plan: error: --target megatron-core: Megatron-Core's GPT model as dstk writes it cannot" in res.err
+    assert (
+        "dstk plan: error: --target megatron-core: Megatron-Core's GPT model as dstk writes it cannot"
+        in res.err
+    )
 
 
 def test_config_help_lists_megatron_core() -> None:
