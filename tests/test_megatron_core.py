@@ -41,9 +41,9 @@ CASES: dict[str, list[str]] = {
         "--model", "mixtral-8x7b", "--cluster", "h200", "--nodes", "4", "--tp", "2", "--ep", "8", "--etp", "1",
         "--moe-dispatcher", "allgather", "--zero-stage", "1", "--global-batch", "256", "--recompute", "full",
     ],
-    "llama3-8b-dense-full-recompute-context-parallel": [
+    "llama3-8b-dense-full-recompute-context-parallel-cuda-graphs": [
         "--model", "llama3-8b", "--cluster", "dgx-h100", "--nodes", "2", "--tp", "2", "--sp", "2",
-        "--global-batch", "128", "--recompute", "full",
+        "--global-batch", "128", "--recompute", "full", "--cuda-graphs",
     ],
     "gpt3-13b-learned-positions-biases-unfused": [
         "--model", "gpt3-13b", "--cluster", "dgx-a100-80g", "--nodes", "8", "--tp", "4", "--pp", "2",
@@ -249,6 +249,9 @@ def test_arguments_are_megatron_lm_flags_with_the_plans_values(tmp_path, case) -
         assert (ns.recompute_method, ns.recompute_num_layers) == ("uniform", 1)
     assert ns.recompute_modules == (["core_attn"] if recompute == "selective" else None)
     assert ns.attention_backend == ("unfused" if "--no-flash-attention" in flags else "auto")
+    graphs = "--cuda-graphs" in flags  # Megatron's NaN check syncs with the host (arguments.py:1235-1237)
+    assert ns.cuda_graph_impl == ("full_iteration" if graphs else None)
+    assert ns.no_check_for_nan_in_loss_and_grad is not graphs  # store_false
     blackwell = cluster.gpu_nvfp4_peak_tflops is not None
     assert (CUDA_NOTE in err) is ((tp > 1 or sp > 1) and not blackwell and "--ep-comm-overlap" not in flags)
 

@@ -74,6 +74,8 @@ BAD = [
     ("cp-kv-heads", [*LLAMA, "--tp", "4", "--sp", "4", "--megatron-core"], r"key/value heads per TP rank \(8, 2\) divisible"),
     ("early-stop", [*LLAMA, "--recompute", "full", "--recompute-early-stop", "--megatron-core"], r"--recompute-early-stop: Megatron-Core's checkpoint"),
     ("deepspeed-option", [*LLAMA, "--wandb", "--megatron-core"], r"--wandb: DeepSpeed config options"),
+    ("moe-cuda-graphs", [*MIXTRAL, "--ep", "8", "--cuda-graphs", "--megatron-core"], r"--cuda-graphs: Megatron-Core graphs an MoE model's step only with static expert shapes"),
+    ("graphed-dropout-recompute", ["--model", "gpt2", "--cluster", "dgx-h100", "--recompute", "selective", "--cuda-graphs", "--megatron-core"], r"--cuda-graphs: Megatron-Core cannot recompute attention with dropout"),
     ("ep-overlap-fp32", [*MIXTRAL, "--ep", "8", "--etp", "1", "--ep-comm-overlap", "--precision", "fp32", "--megatron-core"], r"--ep-comm-overlap: .*bf16 or fp16 weights only"),
 ]  # fmt: skip
 

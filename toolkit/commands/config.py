@@ -299,6 +299,10 @@ def _check_layout(args: argparse.Namespace, model: Any, layout: Any) -> None:
         from toolkit.integrations.megatron import check_layout as check_megatron
 
         check_megatron(model, layout)
+    if args.megatron_core:
+        from toolkit.integrations.megatron_core_run import check_layout as check_core
+
+        check_core(model, layout)
 
 
 def _priced_layout(args: argparse.Namespace, model: Any, cluster: Any) -> Any:

@@ -17,6 +17,8 @@ megatron/training/arguments.py, TC = megatron/core/transformer/transformer_confi
   Transformer Engine's own amax defaults 1024 / max as the Megatron-DeepSpeed target writes them, or
   `tensorwise`); mxfp8 `--fp8-format e4m3 --fp8-recipe mxfp8` (TE's MXFP8BlockScaling format); nvfp4
   `--fp4-format e2m1 --fp4-recipe nvfp4`. Megatron's default recipe is `delayed` (TC:594), so it is always given.
+- `--cuda-graphs` is `--cuda-graph-impl full_iteration` with `--no-check-for-nan-in-loss-and-grad` (dense
+  models; `check_layout` says why not MoE ones).
 - Attention: fused attention (dstk's `--flash-attention`, the default for this target) is `--attention-backend
   auto`, Transformer Engine's choice of FlashAttention or cuDNN's fused kernel (latent attention's q/k and v heads
   differ in width, which not every FlashAttention build takes); without it `unfused`, which keeps the scores as
@@ -28,6 +30,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from toolkit.errors import UserError
 from toolkit.plan import pipeline_layout
 from toolkit.plan.layout import Layout, engine_precision
 from toolkit.plan.specs import ClusterSpec, ModelSpec
@@ -101,7 +104,30 @@ def _precision_args(layout: Layout) -> list[str]:
     elif layout.precision == "nvfp4":
         args += ["--fp4-format", "e2m1", "--fp4-recipe", "nvfp4"]
     args += ["--attention-backend", "auto" if layout.flash_attention else "unfused"]
+    if layout.cuda_graphs:  # its NaN check syncs with the host, which a graph cannot (A:1235-1237)
+        args += ["--cuda-graph-impl", "full_iteration", "--no-check-for-nan-in-loss-and-grad"]
     return args
+
+
+def check_layout(model: ModelSpec, layout: Layout) -> None:
+    """What dstk cannot write for Megatron-Core as priced (one line): the full-iteration CUDA graph of an MoE
+    model needs static expert shapes — `--moe-paged-stash` with a per-rank token budget
+    (`--moe-expert-rank-capacity-factor`, tokens beyond it dropped), HybridEP and Transformer Engine's op fuser
+    (Megatron-LM docs/user-guide/features/cuda_graph.md, "MoE Model Training") — a budget dstk does not price;
+    and a graphed step cannot recompute attention with dropout (TC:2878-2886)."""
+    if not layout.cuda_graphs:
+        return
+    if model.is_moe:
+        raise UserError(
+            "--cuda-graphs: Megatron-Core graphs an MoE model's step only with static expert shapes "
+            "(--moe-paged-stash, a --moe-expert-rank-capacity-factor budget that drops tokens beyond it); dstk "
+            "prices no budget and does not write them: drop --cuda-graphs"
+        )
+    if model.dropout and layout.recompute == "selective":
+        raise UserError(
+            "--cuda-graphs: Megatron-Core cannot recompute attention with dropout inside a CUDA graph; use "
+            "--recompute full or none"
+        )
 
 
 def _recompute_args(layout: Layout) -> list[str]:
