@@ -341,13 +341,6 @@ TARGET_SCOPES = {
 }
 
 
-def core_attention_default(args: argparse.Namespace) -> None:
-    """Megatron-Core runs Transformer Engine's fused attention (`--attention-backend auto`) unless told
-    otherwise, so a `--target megatron-core` layout has `--flash-attention` on unless `--no-flash-attention`."""
-    if getattr(args, "target", None) == "megatron-core" and args.flash_attention is None:
-        args.flash_attention = True
-
-
 def scopes_from_args(args: argparse.Namespace) -> tuple[str, ...]:
     """The rule scopes of the target runtime `args` name (TARGET_SCOPES)."""
     return TARGET_SCOPES[getattr(args, "target", "deepspeed")]

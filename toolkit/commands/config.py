@@ -22,7 +22,6 @@ from toolkit.commands import (
     add_model_args,
     add_target_arg,
     cluster_from_args,
-    core_attention_default,
     layout_request_from_args,
     model_from_args,
     scopes_from_args,
@@ -181,16 +180,17 @@ DEEPSPEED_ONLY_OPTIONS = (
 
 
 def _megatron_defaults(args: argparse.Namespace, target: str) -> None:
-    """Megatron runs TP with its sequence parallelism and always with a vocabulary-parallel embedding: the
-    planner assumes both for --target megatron and megatron-core, so an explicit layout does too unless told
-    otherwise; Megatron-Core's attention is Transformer Engine's fused kernel, planned or not."""
+    """Megatron runs TP with its sequence parallelism and always with a vocabulary-parallel embedding, and
+    Megatron-Core Transformer Engine's fused attention (`--attention-backend auto`): the planner assumes them
+    for these targets, so an explicit layout does too unless told otherwise."""
     args.target = target
-    core_attention_default(args)
     if not args.plan:
         tp = args.tp or 1
         for name in ("tp_sequence_parallel", "tp_vocab_parallel"):
             if getattr(args, name) is None:
                 setattr(args, name, tp > 1)
+        if target == "megatron-core" and args.flash_attention is None:
+            args.flash_attention = True
 
 
 def _companion(path: Path, suffix: str) -> Path:

@@ -15,7 +15,6 @@ from toolkit.commands import (
     add_option_fields,
     add_target_arg,
     cluster_from_args,
-    core_attention_default,
     job_flags,
     layout_request_from_args,
     model_from_args,
@@ -90,7 +89,6 @@ def _job(args: argparse.Namespace) -> Any:
     if not 0 <= margin < 1:
         raise UserError(f"--memory-margin: {margin} must be in [0, 1)")
     scopes = scopes_from_args(args)
-    core_attention_default(args)
     request = layout_request_from_args(args)
     query = PlanQuery.pinning(request, margin=margin, scopes=scopes, allow_fp8=args.allow_fp8)
     theirs = None
