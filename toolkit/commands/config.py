@@ -387,7 +387,7 @@ def _write_megatron_core(
     for note in megatron_core.notes(model, cluster, layout):
         print(f"note: {note}", file=sys.stderr)
     where = "" if str(args.output) == "-" else f"wrote {args.output} "
-    print(f"{where}(Megatron-LM d98e8a64; {' '.join(layout.flags())})", file=sys.stderr)
+    print(f"{where}({megatron_core.LABEL}; {' '.join(layout.flags())})", file=sys.stderr)
 
 
 def _write(args: argparse.Namespace, model: Any, cluster: Any, layout: Any, cfg: dict[str, Any]) -> None:

@@ -11,7 +11,7 @@ How the model maps (what `toolkit.plan.core_rules.core_model_problem` refuses ca
   which gets the value-head width as Megatron's DeepSeek-V3 recipes pass), `--max-position-embeddings`,
   `--position-embedding-type` (default learned_absolute), `--normalization` (default LayerNorm), dropout
   (default 0.1).
-- Biases: all of them is Megatron's default (`--add-bias-linear`); none is `--disable-bias-linear`; q/k/v only
+- Biases: all of them is Megatron's default (`add_bias_linear`); none is `--disable-bias-linear`; q/k/v only
   (Qwen2) adds `--add-qkv-bias`. An ungated MLP with biases runs Megatron's fused bias-GeLU, which is the tanh
   approximation (GPT-2's `gelu_new`); the exact GeLU with biases needs `--no-bias-gelu-fusion`.
 - Latent attention (`--multi-latent-attention`) always has its latent norms (`--qk-layernorm` builds the up
@@ -46,6 +46,8 @@ from toolkit.plan.specs import DEFAULT_AUX_LOSS_COEF, ClusterSpec, ModelSpec
 SOURCE = (
     "NVIDIA/Megatron-LM pretrain_gpt.py @ d98e8a64ddf34856e74b24714e3bedb2f5a39553 (megatron-core 0.20.0)"
 )
+LABEL = "Megatron-LM d98e8a64"
+"""How `dstk config` names the arguments' reference on stderr."""
 SEQUENCE_AUX_LOSS_COEF = 1e-4
 """DeepSeek-V3's sequence-wise balance loss weight α beside its bias-based balancing (DeepSeek-AI 2024, §4.2)."""
 VOCAB_MULTIPLE = 128
