@@ -95,7 +95,7 @@ def _variant(tmp_path: Path, spec: str) -> str:
     return str(path)
 
 
-def emit(tmp_path: Path, flags: list[str]) -> tuple[list[str], Any, str]:
+def emit(tmp_path: Path, flags: list[str]) -> tuple[list[str], list[str], str]:
     """(flags with model files made, the argv dstk printed, its stderr); the file -o names holds the same."""
     flags = [_variant(tmp_path, f) if "+" in f else f for f in flags]
     out = tmp_path / "megatron_core.args"
