@@ -27,12 +27,12 @@ if __name__ == "__main__":  # run as the 2-rank Trainer script: make `tests` and
     sys.path.insert(0, str(REPO))
 
 from tests.cli import dstk  # noqa: E402
+from tests.megatron_flags import MEGATRON_DEEPSPEED, parse_verified  # noqa: E402
 from toolkit.integrations.targets import get_path  # noqa: E402
 
 TINY = str(REPO / "tests" / "models" / "tiny-test-gpt2.yaml")
 TINY_MOE = str(REPO / "tests" / "models" / "tiny-test-moe.yaml")
 TINY_LLAMA = str(REPO / "tests" / "models" / "tiny-test-llama.yaml")
-FLAGS_FILE = REPO / "tests" / "data" / "megatron_deepspeed_flags.txt"
 TWO_NODES = {
     "name": "two-a100-nodes",
     "nodes": 2,
@@ -346,35 +346,6 @@ def test_trainer_under_accelerate_launch_resolves_the_plan(tmp_path, monkeypatch
 # ------------------------------------------------------------------------------------- Megatron-DeepSpeed
 
 
-class _ParseError(Exception):
-    pass
-
-
-class _StrictParser(argparse.ArgumentParser):
-    def error(self, message: str):  # type: ignore[override]
-        raise _ParseError(message)
-
-
-def verified_parser() -> tuple[argparse.ArgumentParser, set[str]]:
-    """A parser with exactly the verified flags and their arity/choices (allow_abbrev=False, as Megatron's)."""
-    parser = _StrictParser(allow_abbrev=False)
-    flags = set()
-    for line in FLAGS_FILE.read_text().splitlines():
-        if not line.strip() or line.startswith("#"):
-            continue
-        flag, kind, *choices = line.split()
-        flags.add(flag)
-        if kind in ("store_true", "store_false"):
-            parser.add_argument(flag, action=kind)
-            continue
-        types = {"int": int, "float": float, "str": str, "int+": int}
-        extra: dict[str, Any] = {"nargs": "+"} if kind == "int+" else {}
-        if choices:
-            extra["choices"] = choices[0].split(",")
-        parser.add_argument(flag, type=types[kind], **extra)
-    return parser, flags
-
-
 MEGATRON_CASES = {
     "gpt3-13b-3d-recompute": [
         "--model", "gpt3-13b", "--cluster", "dgx-a100-80g", "--nodes", "4", "--tp", "4", "--pp", "2",
@@ -420,11 +391,7 @@ def test_megatron_arguments_are_verified_flags_with_the_plans_values(tmp_path, c
     out = tmp_path / "megatron.json"
     res = dstk("config", *flags, "--megatron", "-o", str(out))
     assert res.code == 0, res.err
-    argv = shlex.split(res.out)  # printed shell-quoted, one line
-    parser, verified = verified_parser()
-    emitted = {a for a in argv if a.startswith("--")}
-    assert emitted <= verified, f"unverified Megatron flags: {sorted(emitted - verified)}"
-    ns = parser.parse_args(argv)
+    ns = parse_verified(shlex.split(res.out), MEGATRON_DEEPSPEED)  # printed shell-quoted, one line
 
     layout, model = plan_layout(plan), load_model(flags[1])
     ds_sp = ns.ds_sequence_parallel_size or 1

@@ -1,6 +1,8 @@
 """`dstk config`: write the DeepSpeed config for a layout (given by flags, or chosen with --plan), and the
 settings of the runtime that will run it: HF Trainer (`--hf-trainer`), Accelerate (`--accelerate`) or
-Megatron-DeepSpeed (`--megatron`); see :mod:`toolkit.integrations.targets`.
+Megatron-DeepSpeed (`--megatron`); see :mod:`toolkit.integrations.targets`. Megatron-LM's Megatron-Core
+(`--megatron-core`, `--target megatron-core`) reads no DeepSpeed JSON: its `pretrain_gpt.py` arguments are
+the output (:mod:`toolkit.integrations.megatron_core`).
 
 Imports DeepSpeed lazily, only to validate what it writes.
 """
@@ -37,7 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         required=True,
         metavar="FILE",
-        help="where to write the DeepSpeed JSON ('-' for stdout)",
+        help="where to write the DeepSpeed JSON ('-' for stdout); with --megatron-core, the pretrain_gpt.py "
+        "arguments (also printed)",
     )
     parser.add_argument(
         "--plan",
@@ -73,6 +76,12 @@ def _add_target_args(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="Megatron-DeepSpeed: print the pretrain_gpt.py arguments; FILE is the config they name "
         "(implies --target megatron)",
+    )
+    targets.add_argument(
+        "--megatron-core",
+        action="store_true",
+        help="Megatron-LM (Megatron-Core, d98e8a64): print its pretrain_gpt.py arguments and write them to FILE, "
+        "shell-quoted; no DeepSpeed JSON (implies --target megatron-core, which implies it)",
     )
 
 
@@ -129,11 +138,28 @@ OPTION_FLAGS = {
 def _check_targets(args: argparse.Namespace) -> None:
     from toolkit.errors import UserError
 
+    if args.megatron and args.target == "megatron-core":
+        raise UserError("--megatron: writes for Megatron-DeepSpeed (--target megatron); use --megatron-core")
+    args.megatron_core = args.megatron_core or args.target == "megatron-core"
+    if args.megatron_core and (args.megatron or args.hf_trainer or args.accelerate):
+        raise UserError(
+            "--megatron-core: Megatron-LM has its own launcher, trainer and no DeepSpeed JSON; it cannot be "
+            "combined with --megatron, --hf-trainer or --accelerate"
+        )
     if args.megatron and (args.hf_trainer or args.accelerate):
         raise UserError(
             "--megatron: Megatron-DeepSpeed has its own launcher and trainer; it cannot be combined with "
             "--hf-trainer or --accelerate"
         )
+    if args.megatron_core and args.target == "megatron":
+        raise UserError("--megatron-core: writes for --target megatron-core; drop --target megatron")
+    if args.megatron_core:
+        given = [OPTION_FLAGS[k] for k in DEEPSPEED_ONLY_OPTIONS if getattr(args, k) is not None]
+        if given:
+            raise UserError(
+                f"{', '.join(given)}: DeepSpeed config options; Megatron-LM takes its own logging and profiling "
+                "flags (add them to the printed arguments)"
+            )
     if str(args.output) == "-" and (args.hf_trainer or args.accelerate or args.megatron):
         raise UserError(
             "-o: --hf-trainer/--accelerate write files next to the DeepSpeed JSON, and --megatron prints its "
@@ -141,15 +167,30 @@ def _check_targets(args: argparse.Namespace) -> None:
         )
 
 
-def _megatron_defaults(args: argparse.Namespace) -> None:
-    """Megatron runs TP with its sequence parallelism and always with a vocabulary-parallel embedding: the
-    planner assumes both for --target megatron, so an explicit layout does too unless told otherwise."""
-    args.target = "megatron"
+DEEPSPEED_ONLY_OPTIONS = (
+    "log_dir",
+    "job_name",
+    "wandb",
+    "comms_logger",
+    "flops_profiler",
+    "nvme_path",
+    "freeze_step",
+)
+"""Options that only shape the DeepSpeed JSON (its monitors, profilers, swap path, 1-bit warm-up)."""
+
+
+def _megatron_defaults(args: argparse.Namespace, target: str) -> None:
+    """Megatron runs TP with its sequence parallelism and always with a vocabulary-parallel embedding, and
+    Megatron-Core Transformer Engine's fused attention (`--attention-backend auto`): the planner assumes them
+    for these targets, so an explicit layout does too unless told otherwise."""
+    args.target = target
     if not args.plan:
         tp = args.tp or 1
         for name in ("tp_sequence_parallel", "tp_vocab_parallel"):
             if getattr(args, name) is None:
                 setattr(args, name, tp > 1)
+        if target == "megatron-core" and args.flash_attention is None:
+            args.flash_attention = True
 
 
 def _companion(path: Path, suffix: str) -> Path:
@@ -239,6 +280,13 @@ def _check_inputs(args: argparse.Namespace, model: Any, cluster: Any) -> None:
         from toolkit.integrations.megatron import check_model
 
         check_model(model)
+    if args.megatron_core:  # before planning: every layout would be refused for the same reason
+        from toolkit.errors import UserError
+        from toolkit.plan.core_rules import core_model_problem
+
+        problem = core_model_problem(model, cluster)
+        if problem:
+            raise UserError(problem)
 
 
 def _check_layout(args: argparse.Namespace, model: Any, layout: Any) -> None:
@@ -251,6 +299,10 @@ def _check_layout(args: argparse.Namespace, model: Any, layout: Any) -> None:
         from toolkit.integrations.megatron import check_layout as check_megatron
 
         check_megatron(model, layout)
+    if args.megatron_core:
+        from toolkit.integrations.megatron_core_run import check_layout as check_core
+
+        check_core(model, layout)
 
 
 def _priced_layout(args: argparse.Namespace, model: Any, cluster: Any) -> Any:
@@ -288,9 +340,9 @@ def run(args: argparse.Namespace) -> int:
         from toolkit.paths import output_file
 
         output_file(args.output, "-o")  # before any work: a folder or an unwritable place, named as given
-    if args.megatron:
-        _megatron_defaults(args)
-    if args.target == "megatron" and not args.plan and args.fused_kernels is None:
+    if args.megatron or args.megatron_core:
+        _megatron_defaults(args, "megatron-core" if args.megatron_core else "megatron")
+    if args.target in ("megatron", "megatron-core") and not args.plan and args.fused_kernels is None:
         # Megatron's fused kernels (and its CoreAttention), as the planner assumes for this target
         args.fused_kernels = True
     model, cluster = model_from_args(args), cluster_from_args(args)
@@ -312,10 +364,30 @@ def run(args: argparse.Namespace) -> int:
             f"{cluster.gpu_memory_gib:g} GiB (or host/NVMe capacity); try dstk plan",
             file=sys.stderr,
         )
+    if args.megatron_core:  # no DeepSpeed JSON to validate: cfg gives the optimizer and schedule numbers
+        _write_megatron_core(args, model, cluster, layout, cfg)
+        return 0
     if args.validate:
         _validate(cfg, layout, cluster.accelerator)
     _write(args, model, cluster, layout, cfg)
     return 0
+
+
+def _write_megatron_core(
+    args: argparse.Namespace, model: Any, cluster: Any, layout: Any, cfg: dict[str, Any]
+) -> None:
+    """The pretrain_gpt.py arguments on stdout, and in -o FILE unless `-`, one shell-quoted line; the notes
+    (what the model description lacks, vocabulary padding, the launcher's environment) on stderr."""
+    from toolkit.integrations import megatron_core
+
+    line = shlex.join(megatron_core.megatron_core_args(model, cluster, layout, cfg)) + "\n"
+    if str(args.output) != "-":
+        _write_text(args.output, line)
+    sys.stdout.write(line)
+    for note in megatron_core.notes(model, cluster, layout):
+        print(f"note: {note}", file=sys.stderr)
+    where = "" if str(args.output) == "-" else f"wrote {args.output} "
+    print(f"{where}({megatron_core.LABEL}; {' '.join(layout.flags())})", file=sys.stderr)
 
 
 def _write(args: argparse.Namespace, model: Any, cluster: Any, layout: Any, cfg: dict[str, Any]) -> None:

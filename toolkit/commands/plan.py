@@ -79,6 +79,12 @@ def _job(args: argparse.Namespace) -> Any:
     from toolkit.plan.training_cost import cost_inputs
 
     model, cluster = model_from_args(args), cluster_from_args(args)
+    if args.target == "megatron-core":  # every layout would be refused for the same reason
+        from toolkit.plan.core_rules import core_model_problem
+
+        problem = core_model_problem(model, cluster)
+        if problem:
+            raise UserError(problem)
     margin = DEFAULT_MARGIN if args.memory_margin is None else args.memory_margin
     if not 0 <= margin < 1:
         raise UserError(f"--memory-margin: {margin} must be in [0, 1)")

@@ -70,12 +70,6 @@ def _llama_like(
     autotp: bool = True,
     pipeline: bool | None = None,
     ulysses: bool = True,
-    shared_expert: bool = False,
-    experts_before_router: bool = False,
-    hf_model_type: str = "",
-    norms_per_block: int = 2,
-    local_attention: bool = False,
-    embedding_scale: bool = False,
     fused_qkv: bool = False,
     lora_targets: tuple[str, ...] = ("q_proj", "v_proj"),
     sdpa: bool = True,
@@ -102,12 +96,6 @@ def _llama_like(
         ulysses=ulysses,
         native_moe=native_moe,
         naming="llama",
-        shared_expert=shared_expert,
-        experts_before_router=experts_before_router,
-        hf_model_type=hf_model_type,
-        norms_per_block=norms_per_block,
-        local_attention=local_attention,
-        embedding_scale=embedding_scale,
         **extra,
     )
 
@@ -258,7 +246,9 @@ ARCHITECTURES: Mapping[str, ArchitectureFacts] = MappingProxyType(
             sliding_window_pattern=2,
         ),
         "deepseek_v2": _deepseek("deepseek_v2", "DeepseekV2"),
-        "deepseek_v3": _deepseek("deepseek_v3", "DeepseekV3"),
+        "deepseek_v3": _deepseek(
+            "deepseek_v3", "DeepseekV3", router_score="sigmoid", router_expert_bias=True
+        ),
         "glm4_moe": _llama_like(
             "glm4_moe",
             "Glm4Moe",
@@ -268,6 +258,8 @@ ARCHITECTURES: Mapping[str, ArchitectureFacts] = MappingProxyType(
             experts_before_router=True,
             shared_expert=True,
             router_fp32=True,
+            router_score="sigmoid",
+            router_expert_bias=True,
             attention_out_bias=False,  # `attention_bias` adds q/k/v biases only (Glm4MoeAttention)
             # GLM-4.5's sparse block is DeepSeek-V3's (sigmoid group-limited router with a score-correction
             # bias, shared experts), and so is its config's naming: AutoEP's DeepSeek-V3 preset runs it
@@ -307,6 +299,7 @@ ARCHITECTURES: Mapping[str, ArchitectureFacts] = MappingProxyType(
             shared_expert_as_wide_as_experts=True,
             hf_dense_experts=True,
             qk_l2_norm_local=True,
+            router_score="sigmoid",
             expert_parallel="autoep",
             # AutoEP has no Llama 4 preset: its custom keys, HF's sigmoid scores applied to the expert input
             autoep_keys=MappingProxyType(

@@ -61,6 +61,14 @@ class ArchitectureFacts:
     norm_fp32_output: bool = False
     """HF's eager RMSNorm multiplies its weight into the fp32 normalized value (Gemma, OLMo 2, gpt-oss) and so
     keeps it in fp32 for backward, where Llama's keeps it cast back to the input's dtype."""
+    router_score: Literal["softmax", "sigmoid"] = "softmax"
+    """How the HF router scores experts: a softmax over all of them (Mixtral, Qwen-MoE, DeepSeek-V2; with
+    `moe_renormalize` the top-k weights are renormalised, which is a softmax over the top-k logits), or a sigmoid
+    per expert (DeepSeek-V3, GLM-4.5, Llama 4)."""
+    router_expert_bias: bool = False
+    """The router picks experts by score plus a per-expert bias that balancing updates outside the gradient, and
+    weights them by the scores alone (DeepSeek-V3's and GLM-4.5's `e_score_correction_bias`; DeepSeek-AI 2024,
+    §2.1.2 "auxiliary-loss-free load balancing")."""
     router_fp32: bool = False
     """The HF router computes its logits in fp32 from an fp32 copy of its input (DeepSeek, GLM-4.5), which
     autograd keeps."""
