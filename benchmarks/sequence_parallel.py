@@ -132,7 +132,8 @@ def estimate_parts(model_file: Path, sp: int, recompute: str) -> dict[str, float
     spec = load_model(str(model_file))
     # HF's SDPA: the estimate prices `none` as `selective` for the attention core (activations.py)
     effective = attention_recompute(recompute, flash=spec.family.sdpa)
-    blocks = spec.n_layers * block_bytes(spec, 1, 4, 1, False, effective) / sp
+    # dstk train runs HF's eager modules, whose extra saved tensors the estimate counts (hf_modules)
+    blocks = spec.n_layers * block_bytes(spec, 1, 4, 1, False, effective, hf_modules=True) / sp
     logits = logits_bytes(spec, 1, 4, 1) / sp
     total = est["memory_per_gpu_bytes"]["activations"]
     if abs(blocks + logits - total) > 1e-6 * total:

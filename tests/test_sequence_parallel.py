@@ -86,7 +86,8 @@ def test_ulysses_halves_saved_activations_per_rank(tmp_path) -> None:
     blocks_sp1, blocks_sp2 = r["measured_sp1"]["blocks"], r["measured_sp2_per_rank"][0]["blocks"]
     assert 0 <= blocks_sp2 - blocks_sp1 / 2 <= 2 * 1024 * 64 * 4  # at most 2 blocks × [1024, 64] fp32
     for sp, measured in ((1, blocks_sp1), (2, blocks_sp2)):
-        assert 1.0 <= measured / r[f"estimate_sp{sp}_no_scores"]["blocks"] <= 1.25
+        # the estimate counts what HF's eager modules save beside the block's own terms (hf_eager_extra)
+        assert 0.95 <= measured / r[f"estimate_sp{sp}_no_scores"]["blocks"] <= 1.25
         assert r[f"estimate_sp{sp}"]["total"] == pytest.approx(r["estimate_sp1"]["total"] / sp)
         # HF's SDPA stores no scores, and the estimate of the run as it is (no recomputation) knows it
         assert r[f"estimate_sp{sp}"]["blocks"] == r[f"estimate_sp{sp}_no_scores"]["blocks"]
