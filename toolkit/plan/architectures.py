@@ -206,7 +206,7 @@ ARCHITECTURES: Mapping[str, ArchitectureFacts] = MappingProxyType(
             qk_norm=True,
             moe_renormalize=False,
         ),
-        "qwen3": _llama_like("qwen3", "Qwen3", autotp=False, ulysses=False, qk_norm=True),
+        "qwen3": _llama_like("qwen3", "Qwen3", autotp=False, pipeline=False, ulysses=False, qk_norm=True),
         "olmo2": _llama_like(
             "olmo2",
             "Olmo2",
