@@ -127,6 +127,7 @@ def test_a_storage_error_is_told_from_a_bug_and_said_in_one_line(tmp_path) -> No
     for code in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS):
         assert is_storage_error(OSError(code, "x"))
     assert is_storage_error(RuntimeError("[enforce fail] PytorchStreamWriter failed writing file data/3"))
+    assert is_storage_error(RuntimeError("basic_ios::clear: iostream error"))  # the closing flush, torch 2.9
     assert not is_storage_error(OSError(errno.ENOENT, "x")) and not is_storage_error(ValueError("no"))
     error = SaveError(
         4, str(tmp_path / "step00000004" / "a.pt"), "No space left on device", 2_300_000, 1_100_000
