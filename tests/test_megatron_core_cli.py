@@ -72,6 +72,7 @@ BAD = [
     ("tp-overlap-without-sp", [*LLAMA, "--tp", "2", "--no-tp-sequence-parallel", "--comm-overlap", "--megatron-core"], r"--comm-overlap: Megatron-Core's --tp-comm-overlap needs --tp-sequence-parallel"),
     ("cp-chunks", [*LLAMA, "--seq-length", "4100", "--sp", "4", "--megatron-core"], r"--sp: .*seq_length\(4100\) divisible by 2 × sp\(4\)"),
     ("cp-kv-heads", [*LLAMA, "--tp", "4", "--sp", "4", "--megatron-core"], r"key/value heads per TP rank \(8, 2\) divisible"),
+    ("unfused", [*LLAMA, "--no-fused-kernels", "--megatron-core"], r"--no-fused-kernels: Megatron-Core runs Transformer Engine's fused norms"),
     ("early-stop", [*LLAMA, "--recompute", "full", "--recompute-early-stop", "--megatron-core"], r"--recompute-early-stop: Megatron-Core's checkpoint"),
     ("deepspeed-option", [*LLAMA, "--wandb", "--megatron-core"], r"--wandb: DeepSpeed config options"),
     ("moe-cuda-graphs", [*MIXTRAL, "--ep", "8", "--cuda-graphs", "--megatron-core"], r"--cuda-graphs: Megatron-Core graphs an MoE model's step only with static expert shapes"),

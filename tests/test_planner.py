@@ -255,7 +255,9 @@ RULE_CASES = [
         "bloom-176b",
         "dgx-a100-80g",
         {},
-        dict(flash_attention=True),
+        dict(
+            flash_attention=True, fused_kernels=True
+        ),  # fused: the megatron-core scope's last rule stays quiet
         r"^--flash-attention: HF bloom models .* run eager attention .*--target megatron$",
     ),
     ("lora_targets_exist", "gpt2", "dgx-a100-80g", {}, dict(lora="r=8,targets=q_proj"), r"valid: c_attn"),
@@ -325,6 +327,14 @@ RULE_CASES = [
         {},
         dict(precision="fp8", zero_stage=1),
         r"Transformer Engine's TransformerLayer\) cannot run llama-7b as planned: RMSNorm or a gated MLP",
+    ),
+    (
+        "megatron_core_kernels_are_fused",
+        "llama-7b",
+        "dgx-h100",
+        {},
+        dict(fused_kernels=False, zero_stage=1),
+        r"^--no-fused-kernels: Megatron-Core runs Transformer Engine's fused norms",
     ),
 ]
 

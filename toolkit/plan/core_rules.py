@@ -229,3 +229,17 @@ def _experts(m: ModelSpec, r: LayoutRequest) -> str | None:
     if m.mlp_bias and (r.etp or 1) > 1:
         return f"--etp: Megatron-Core splits experts with biases over one rank only; etp({r.etp}) must be 1"
     return None
+
+
+def core_kernels_fused(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """Megatron-Core runs fused kernels: Transformer Engine's norms fused into its linear layers, Megatron's
+    bias-activation, RoPE and softmax fusions (on by default in arguments.py). dstk writes no flag to unfuse
+    them, so a layout priced with eager kernels (`--no-fused-kernels`) is not what the run would be. Checked
+    last, after every other rule: the layout request's default is unfused (the DeepSpeed engine's HF modules),
+    and `dstk plan`/`dstk config` fill in fused for this target unless the flag was given."""
+    if not r.fused_kernels:
+        return (
+            "--no-fused-kernels: Megatron-Core runs Transformer Engine's fused norms and Megatron's fused "
+            "bias-activation and RoPE kernels; drop the flag"
+        )
+    return None

@@ -316,6 +316,7 @@ RULES: tuple[Rule, ...] = (
     Rule("sp_supports_architecture", _cluster_free(sp_architecture), scope="deepspeed"),
     Rule("sp_is_dense_data_parallel", _cluster_free(sp_dense_data_parallel), scope="deepspeed"),
     Rule("sp_divides_accumulation", _cluster_free(sp_divides_accumulation), scope="deepspeed"),
+    Rule("megatron_core_kernels_are_fused", core_rules.core_kernels_fused, scope="megatron-core"),
 )
 
 
