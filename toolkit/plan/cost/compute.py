@@ -404,13 +404,14 @@ def slowed_by_collectives(
     peak: float,
     fp8: Fp8Gemms | None,
     total_s: float,
+    held: int | None = None,
 ) -> float:
     """How much slower a micro-batch of `stage` (stage_compute's keywords; `total_s` its time alone) computes
-    while a collective runs beside it: NCCL's kernel holds `collective_sm_count` SMs (one CTA per channel), so
-    the GEMMs and attention run on the rest — at their share of the peak and with the rest's wave quantization
-    (a GEMM sized for 132 SMs in one wave needs two on 108). 1 where the cluster does not say what NCCL holds
-    (the A100 and CPU presets)."""
-    held, sms = cluster.collective_sm_count, cluster.gpu_sm_count
+    while a collective runs beside it: NCCL's kernel holds `collective_sm_count` SMs (one CTA per channel; or
+    `held`, what another communication kernel holds: DeepEP's), so the GEMMs and attention run on the rest — at
+    their share of the peak and with the rest's wave quantization (a GEMM sized for 132 SMs in one wave needs
+    two on 108). 1 where the cluster does not say what NCCL holds (the A100 and CPU presets)."""
+    held, sms = held or cluster.collective_sm_count, cluster.gpu_sm_count
     if not held or not sms or held >= sms or cluster.accelerator == "cpu" or total_s <= 0:
         return 1.0
     share = (sms - held) / sms

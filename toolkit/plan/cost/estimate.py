@@ -19,7 +19,7 @@ from toolkit.plan.cost.compute import block_linears, slowed_by_collectives, stag
 from toolkit.plan.cost.flops import hardware_flops_per_token, model_flops_per_token, model_tflops_per_gpu
 from toolkit.plan.cost.fp8 import cast_transient_bytes, fp8_gemms, weight_copies_bytes
 from toolkit.plan.cost.memory import GIB, HOST_USABLE, Memory, rank_params, stage_memory
-from toolkit.plan.cost.moe import placement
+from toolkit.plan.cost.moe import dispatcher_sms, placement
 from toolkit.plan.cost.stages import Stage, candidate_stages, layout_stages, stage_blocks, with_mtp
 from toolkit.plan.cost.timing import (
     StageLoad,
@@ -396,5 +396,12 @@ def estimate(
             model, pc, cluster, slowest_stage, peak, fp8, slowest.compute.total_s
         )
         slowest = replace(slowest, overlap_slowdown=slowdown)
+    if layout.ep_comm_overlap and slowest.n_moe_blocks:
+        # the expert all-to-alls run beside the other micro-batch's compute, on the SMs their kernels leave it
+        held = dispatcher_sms(layout, cluster)
+        slowdown = slowed_by_collectives(
+            model, pc, cluster, slowest_stage, peak, fp8, slowest.compute.total_s, held
+        )
+        slowest = replace(slowest, ep_overlap_slowdown=slowdown)
     time = step_time(model, cluster, layout, slowest, knobs)
     return Estimate(model=model, cluster=cluster, layout=layout, knobs=knobs, memory=memory, time=time)

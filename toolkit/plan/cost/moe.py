@@ -62,6 +62,20 @@ DEEPEP_GB_PER_S_PER_SM = 19.0
 (NVIDIA's comparison in DeepEP's docs/README_Hybrid-EP.md @ 17cfb81, Torch API, BF16), 19 GB/s per SM — so 20 SMs
 saturate H800's ~160 GB/s NVLink but not NVLink 5. HybridEP (TMA copies) reaches 735 GB/s on 16 SMs and is
 priced at the domain's all-to-all bandwidth."""
+HYBRIDEP_SMS = 16
+"""SMs HybridEP's dispatch and combine kernels run on by default: NVIDIA's comparison (DeepEP
+docs/README_Hybrid-EP.md @ 17cfb81) measures its 735 GB/s B200 dispatch on 16 SMs; Megatron-Core passes its own
+count only when `--moe-hybridep-num-sms` is given (default None, megatron/training/arguments.py @ d98e8a64)."""
+
+
+def dispatcher_sms(layout: Layout, cluster: ClusterSpec) -> int | None:
+    """SMs the expert all-to-all holds while it runs beside compute: DeepEP's and HybridEP's kernels their own
+    count (DEEPEP_SMS, HYBRIDEP_SMS), NCCL's all-to-all (and all-gather) one CTA per channel as any NCCL
+    collective (`collective_sm_count`; None where the preset does not say)."""
+    d = layout.moe_dispatcher or "alltoall"
+    return {"deepep": DEEPEP_SMS, "hybridep": HYBRIDEP_SMS}.get(d, cluster.collective_sm_count)
+
+
 DISPATCHES = {"forward": 2, "backward": 2}
 """All-to-alls per MoE block: dispatch and combine in forward, their gradients in backward."""
 
