@@ -28,7 +28,6 @@ Usage: python benchmarks/published_moe.py
 
 from __future__ import annotations
 
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -36,7 +35,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.published_runs import estimate_json, write_report
+from benchmarks.published_runs import error_line, estimate_json, write_report
 
 DATA = Path(__file__).resolve().parent / "data" / "published_moe.yaml"
 PRESETS = Path(__file__).resolve().parents[1] / "toolkit" / "plan" / "presets" / "models"
@@ -163,16 +162,10 @@ def generation(row: dict) -> str:
 
 def summary(rows: list[dict]) -> list[str]:
     """Per GPU generation and over all rows: runs, median |ratio − 1|, the worst, and the range of ratios."""
-    out = []
-    for group in ("Hopper", "Blackwell", "all"):
-        members = [r for r in rows if group in ("all", r["group"])]
-        ratios = [r["ratio"] for r in members]
-        errs = [abs(x - 1) for x in ratios]
-        out.append(
-            f"{group}: {len(ratios)} runs, median |error| {statistics.median(errs):.1%}, worst {max(errs):.1%}, "
-            f"ratios ×{min(ratios):.2f}–{max(ratios):.2f}"
-        )
-    return out
+    return [
+        error_line(group, [r["ratio"] for r in rows if group in ("all", r["group"])])
+        for group in ("Hopper", "Blackwell", "all")
+    ]
 
 
 def main() -> int:

@@ -205,8 +205,6 @@ def group_of(label: str) -> str:
 
 def summary(rows: list[dict]) -> list[str]:
     """Per group: runs, median |ratio − 1|, the worst, and the range of ratios."""
-    import statistics
-
     out = []
     groups = {g: [r for r in rows if r["group"] == g] for g in dict.fromkeys(r["group"] for r in rows)}
     for precision in ("bf16", "fp8"):  # the acceptance bands: every Hopper row of a precision together
@@ -214,13 +212,19 @@ def summary(rows: list[dict]) -> list[str]:
         if len({r["group"] for r in together}) > 1:
             groups[f"Hopper, all {precision} rows"] = together
     for group, members in groups.items():
-        ratios = [r["ratio"] for r in members]
-        errs = [abs(x - 1) for x in ratios]
-        out.append(
-            f"{group}: {len(ratios)} runs, median |error| {statistics.median(errs):.1%}, worst {max(errs):.1%}, "
-            f"ratios ×{min(ratios):.2f}–{max(ratios):.2f}"
-        )
+        out.append(error_line(group, [r["ratio"] for r in members]))
     return out
+
+
+def error_line(group: str, ratios: list[float]) -> str:
+    """One group's line of a summary: runs, median |ratio − 1|, the worst, and the range of ratios."""
+    import statistics
+
+    errs = [abs(x - 1) for x in ratios]
+    return (
+        f"{group}: {len(ratios)} runs, median |error| {statistics.median(errs):.1%}, worst {max(errs):.1%}, "
+        f"ratios ×{min(ratios):.2f}–{max(ratios):.2f}"
+    )
 
 
 def memory_summary(rows: list[dict]) -> list[str]:
