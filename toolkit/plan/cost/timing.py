@@ -91,8 +91,7 @@ class StageLoad:
     """Compute time per unit of work while a data-parallel collective runs beside it (NCCL's kernel holds some
     SMs; toolkit.plan.cost.compute.slowed_by_collectives); 1 where nothing overlaps."""
     ep_overlap_slowdown: float = 1.0
-    """The same while an expert all-to-all runs beside it under `--ep-comm-overlap` (the dispatcher's kernels
-    hold their SMs: toolkit.plan.cost.moe.dispatcher_sms)."""
+    """The same beside an expert all-to-all under `--ep-comm-overlap` (its SMs: moe.dispatcher_sms)."""
 
 
 def _behind(comm_s: float, compute_s: float, slowdown: float) -> float:
@@ -155,8 +154,7 @@ def _a2a_overlapped_s(model: ModelSpec, layout: Layout, load: StageLoad, a2a: fl
     combine beside the forward attention, the forward dispatch beside the backward experts, the backward
     dispatch beside the forward experts, the forward combine beside the backward attention (Megatron-LM's
     combined_1f1b schedule) — so each pair takes the longer of the two, and an all-to-all paired with a short
-    attention shows. While an all-to-all runs, its kernels hold SMs and the computation beside it runs on the
-    rest (`_behind`, at `load.ep_overlap_slowdown`): a pair is never just the longer of the two."""
+    attention shows; the computation beside an all-to-all runs on the SMs its kernels leave (`_behind`)."""
     blocks = load.n_moe_blocks
     forward = load.compute.forward_s / max(load.n_blocks, 1)
     share = _attention_share(model, layout)
