@@ -250,10 +250,12 @@ def _parallel_args(cluster: ClusterSpec, layout: Layout) -> list[str]:
     return args
 
 
-def _training_args(cfg: dict[str, Any], layout: Layout) -> list[str]:
+def schedule_args(cfg: dict[str, Any], layout: Layout) -> list[str]:
+    """Batch, AdamW and the warm-up + cosine schedule: the numbers of the plan's DeepSpeed config, under the
+    flag names Megatron-DeepSpeed and Megatron-LM share (megatron/training/arguments.py in both)."""
     adam, sched = cfg["optimizer"]["params"], cfg["scheduler"]["params"]
     lr = adam["lr"]
-    args = [
+    return [
         "--micro-batch-size", str(layout.micro_batch_size),
         "--global-batch-size", str(layout.global_batch_size),
         "--train-iters", str(sched["total_num_steps"]),
@@ -267,6 +269,10 @@ def _training_args(cfg: dict[str, Any], layout: Layout) -> list[str]:
         "--adam-eps", _num(adam["eps"]),
         "--clip-grad", _num(cfg["gradient_clipping"]),
     ]  # fmt: skip
+
+
+def _training_args(cfg: dict[str, Any], layout: Layout) -> list[str]:
+    args = schedule_args(cfg, layout)
     if layout.precision != "fp32":
         args.append(f"--{engine_precision(layout.precision)}")
     if layout.precision == "fp8":

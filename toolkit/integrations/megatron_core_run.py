@@ -31,14 +31,10 @@ import itertools
 from typing import Any
 
 from toolkit.errors import UserError
+from toolkit.integrations.megatron import schedule_args
 from toolkit.plan import pipeline_layout
 from toolkit.plan.layout import Layout, engine_precision
 from toolkit.plan.specs import ClusterSpec, ModelSpec
-
-
-def _num(x: float) -> str:
-    """12 significant digits: `6e-05`, not the `5.9999999999999995e-05` of 6e-4 × 0.1."""
-    return f"{x:.12g}"
 
 
 def layout_string(model: ModelSpec, layout: Layout) -> str | None:
@@ -143,25 +139,10 @@ def _recompute_args(layout: Layout) -> list[str]:
 
 
 def _training_args(cfg: dict[str, Any], layout: Layout) -> list[str]:
-    """Batch, AdamW and the warm-up + cosine schedule, the numbers of the plan's DeepSpeed config."""
-    adam, sched = cfg["optimizer"]["params"], cfg["scheduler"]["params"]
-    lr, steps = adam["lr"], sched["total_num_steps"]
-    return [
-        "--micro-batch-size", str(layout.micro_batch_size),
-        "--global-batch-size", str(layout.global_batch_size),
-        "--train-iters", str(steps),
-        "--optimizer", "adam",
-        "--lr", _num(lr),
-        "--min-lr", _num(lr * sched["cos_min_ratio"]),
-        "--lr-decay-style", "cosine",
-        "--lr-decay-iters", str(steps),
-        "--lr-warmup-iters", str(sched["warmup_num_steps"]),
-        "--weight-decay", _num(adam["weight_decay"]),
-        "--adam-beta1", _num(adam["betas"][0]),
-        "--adam-beta2", _num(adam["betas"][1]),
-        "--adam-eps", _num(adam["eps"]),
-        "--clip-grad", _num(cfg["gradient_clipping"]),
-    ]  # fmt: skip
+    """Batch, AdamW and the warm-up + cosine schedule, the numbers of the plan's DeepSpeed config; Megatron-LM
+    also wants the optimizer named and the decay's length (it defaults to --train-iters there too)."""
+    steps = cfg["scheduler"]["params"]["total_num_steps"]
+    return [*schedule_args(cfg, layout), "--optimizer", "adam", "--lr-decay-iters", str(steps)]
 
 
 def run_args(model: ModelSpec, layout: Layout, cfg: dict[str, Any]) -> list[str]:
