@@ -38,12 +38,7 @@ def _deepseek(version: int) -> Reader:
         rope = d["qk_rope_head_dim"]
         return dict(
             n_kv_heads=data.get("num_attention_heads", 128),
-            num_experts=d.get("num_local_experts") or d["n_routed_experts"],
-            moe_top_k=d["num_experts_per_tok"],
-            moe_ffn_hidden_size=d["moe_intermediate_size"],
-            shared_expert_ffn_hidden_size=d["moe_intermediate_size"] * d["n_shared_experts"],
-            first_dense_layers=d["first_k_dense_replace"],
-            moe_renormalize=d["norm_topk_prob"],
+            **_read_deepseek_experts(d),
             q_lora_rank=d["q_lora_rank"],
             kv_lora_rank=d["kv_lora_rank"],
             qk_rope_head_dim=rope,
@@ -52,6 +47,31 @@ def _deepseek(version: int) -> Reader:
         )
 
     return read
+
+
+def _read_deepseek_experts(d: dict[str, Any]) -> dict[str, Any]:
+    """DeepSeek's expert layout, as DeepSeek-V2/V3 and GLM-4.5 configs spell it: routed experts (or
+    `num_local_experts`), top-k, the experts' width, shared experts of that width, the first dense blocks."""
+    return dict(
+        num_experts=d.get("num_local_experts") or d["n_routed_experts"],
+        moe_top_k=d["num_experts_per_tok"],
+        moe_ffn_hidden_size=d["moe_intermediate_size"],
+        shared_expert_ffn_hidden_size=d["moe_intermediate_size"] * d["n_shared_experts"],
+        first_dense_layers=d["first_k_dense_replace"],
+        moe_renormalize=d["norm_topk_prob"],
+    )
+
+
+def _write_deepseek_experts(spec: Any) -> dict[str, Any]:
+    """`_read_deepseek_experts`' keys from a spec."""
+    return dict(
+        n_routed_experts=spec.num_experts,
+        num_experts_per_tok=spec.moe_top_k,
+        moe_intermediate_size=spec.moe_ffn_hidden_size,
+        n_shared_experts=_shared_experts(spec),
+        first_k_dense_replace=spec.first_dense_layers,
+        norm_topk_prob=spec.moe_renormalize,
+    )
 
 
 def _shared_experts(spec: Any) -> int:
@@ -70,12 +90,7 @@ def _write_deepseek(spec: Any) -> dict[str, Any]:
     return dict(
         num_key_value_heads=spec.n_heads,
         head_dim=rope,  # DeepseekV3Config's `head_dim` is its rotary width
-        n_routed_experts=spec.num_experts,
-        num_experts_per_tok=spec.moe_top_k,
-        moe_intermediate_size=spec.moe_ffn_hidden_size,
-        n_shared_experts=_shared_experts(spec),
-        first_k_dense_replace=spec.first_dense_layers,
-        norm_topk_prob=spec.moe_renormalize,
+        **_write_deepseek_experts(spec),
         q_lora_rank=spec.q_lora_rank,
         kv_lora_rank=spec.kv_lora_rank,
         qk_rope_head_dim=rope,
@@ -106,12 +121,7 @@ def _read_glm4_moe(data: dict[str, Any]) -> dict[str, Any]:
         attention_bias=d.get("attention_bias", False),
         attention_out_bias=False,
         qk_norm=bool(d.get("use_qk_norm", False)),
-        num_experts=d.get("num_local_experts") or d["n_routed_experts"],
-        moe_top_k=d["num_experts_per_tok"],
-        moe_ffn_hidden_size=d["moe_intermediate_size"],
-        shared_expert_ffn_hidden_size=d["moe_intermediate_size"] * d["n_shared_experts"],
-        first_dense_layers=d["first_k_dense_replace"],
-        moe_renormalize=d["norm_topk_prob"],
+        **_read_deepseek_experts(d),
     )
 
 
@@ -119,12 +129,7 @@ def _write_glm4_moe(spec: Any) -> dict[str, Any]:
     return dict(
         attention_bias=spec.attention_bias,
         use_qk_norm=spec.qk_norm,
-        n_routed_experts=spec.num_experts,
-        num_experts_per_tok=spec.moe_top_k,
-        moe_intermediate_size=spec.moe_ffn_hidden_size,
-        n_shared_experts=_shared_experts(spec),
-        first_k_dense_replace=spec.first_dense_layers,
-        norm_topk_prob=spec.moe_renormalize,
+        **_write_deepseek_experts(spec),
         n_group=1,
         topk_group=1,
     )
