@@ -389,19 +389,20 @@ def estimate(
         if slowest is None or compute.total_s > slowest.compute.total_s:
             slowest, slowest_stage = load, stage
     assert slowest is not None
+    slowdowns: dict[int | None, float] = {}  # by the SMs held: NCCL's for both overlaps under alltoall
+
+    def slowed(held: int | None) -> float:
+        if held not in slowdowns:
+            total = slowest.compute.total_s
+            slowdowns[held] = slowed_by_collectives(model, pc, cluster, slowest_stage, peak, fp8, total, held)
+        return slowdowns[held]
+
     # ZeRO-2/3, FSDP and Megatron-Core's overlaps run data-parallel collectives beside compute (ZeRO-0/1's follow
     # backward): price that compute on the SMs NCCL leaves it
     if layout.zero_dp > 1 and (layout.zero_stage >= 2 or layout.comm_overlap or layout.fsdp is not None):
-        slowdown = slowed_by_collectives(
-            model, pc, cluster, slowest_stage, peak, fp8, slowest.compute.total_s
-        )
-        slowest = replace(slowest, overlap_slowdown=slowdown)
+        slowest = replace(slowest, overlap_slowdown=slowed(cluster.collective_sm_count))
     if layout.ep_comm_overlap and slowest.n_moe_blocks:
         # the expert all-to-alls run beside the other micro-batch's compute, on the SMs their kernels leave it
-        held = dispatcher_sms(layout, cluster)
-        slowdown = slowed_by_collectives(
-            model, pc, cluster, slowest_stage, peak, fp8, slowest.compute.total_s, held
-        )
-        slowest = replace(slowest, ep_overlap_slowdown=slowdown)
+        slowest = replace(slowest, ep_overlap_slowdown=slowed(dispatcher_sms(layout, cluster)))
     time = step_time(model, cluster, layout, slowest, knobs)
     return Estimate(model=model, cluster=cluster, layout=layout, knobs=knobs, memory=memory, time=time)
