@@ -312,7 +312,9 @@ def test_accelerate_refuses_mixed_precision_beside_a_config_file(tmp_path, monke
     _, _, config_yaml = _accelerate_files(tmp_path, "zero3-bf16-two-nodes")
     data = yaml.safe_load(config_yaml.read_text())
     config_yaml.write_text(yaml.safe_dump({**data, "mixed_precision": "bf16"}))
-    _, env = _launch_environment(config_yaml)
+    # as node 2 starts it: on machine rank 0 Accelerate raises ConnectionError when the YAML's port (29500) is
+    # in use on *this* host, which a launch on the other pytest worker may hold; the main process is node-a's
+    _, env = _launch_environment(config_yaml, "--machine_rank", "1")
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     with pytest.raises(ValueError, match="will be ignored"):
