@@ -28,6 +28,7 @@ Usage: python benchmarks/published_moe.py
 
 from __future__ import annotations
 
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -108,6 +109,7 @@ def pipeline_layout(row: dict, spec: dict) -> str | None:
 
 def dispatcher(row: dict) -> str | None:
     text = str(row["layout"].get("dispatcher") or "").lower()
+    text = re.sub(r"\bnot \S+", "", text)  # "torchtitan default EP (all-to-all, not DeepEP)" is all-to-all
     for name in ("hybridep", "deepep"):
         if name in text:
             return name

@@ -3,6 +3,8 @@ the dispatchers, routing balance, EP overlap, MTP and uneven pipelines in the es
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from toolkit.plan.cost import moe
@@ -44,8 +46,11 @@ def test_each_tp_rank_computes_its_own_tokens_through_the_experts() -> None:
         resolve_layout(m, c, LayoutRequest(**_sp(tp), ep=8, **MCORE, etp=1, moe_routing="balanced"))
         for tp in (1, 4)
     ]
+    # the busiest rank's rows over its even share (fewer tokens per rank spread a little more) set aside
     rows = [
-        block_linears(m, 8192, lay.tp, True, lay.ep, experts=moe.placement(m, lay))[2].m for lay in layouts
+        block_linears(m, 8192, lay.tp, True, lay.ep, experts=moe.placement(m, lay))[2].m
+        / moe.placement(m, lay).imbalance
+        for lay in layouts
     ]
     assert rows[0] == pytest.approx(4 * rows[1]) and rows[1] == pytest.approx(8192 / 4 * 2)
 
@@ -72,11 +77,37 @@ def test_folded_ep_may_exceed_dp_and_stays_inside_the_node() -> None:
     assert lay.expert_dp == 1
 
 
-def test_natural_routing_costs_the_busiest_rank_and_balance_does_not() -> None:
-    m = load_model("qwen3-30b-a3b")
-    assert moe.imbalance(m, 8, 4096, "balanced") == 1.0 == moe.imbalance(m, 1, 4096, "natural")
-    few, many = moe.imbalance(m, 64, 512, "natural"), moe.imbalance(m, 64, 32768, "natural")
+def test_the_busiest_rank_sets_the_pace_under_either_routing() -> None:
+    """Megatron-Core's forced load balancing draws random logits (a uniform router), so its ranks' loads are
+    binomially spread too: both routings price the expected busiest rank, which fewer tokens spread more."""
+    m, c = load_model("qwen3-30b-a3b"), load_cluster("dgx-h100", {"nodes": 8})
+    assert moe.imbalance(m, 1, 4096) == 1.0
+    few, many = moe.imbalance(m, 64, 512), moe.imbalance(m, 64, 32768)
     assert few > many > 1.0 and many < 1.03
+    for routing in ("balanced", "natural"):
+        lay = resolve_layout(m, c, LayoutRequest(tp=1, pp=1, ep=64, etp=1, moe_routing=routing, **MCORE))
+        assert moe.placement(m, lay).imbalance == moe.imbalance(m, 64, 4096)
+
+
+def test_flex_dispatchers_send_a_token_once_per_rank() -> None:
+    """DeepEP/HybridEP send a token once to each rank holding any of its experts; NCCL's all-to-all one row per
+    routed copy. Qwen3-30B (128 experts, top-8) on EP8: 7·(1 − C(112,8)/C(128,8)) ≈ 4.6 rows to other ranks
+    per token, against 8·7/8 = 7 copies."""
+    m = load_model("qwen3-30b-a3b")
+    miss = math.prod((112 - i) / (128 - i) for i in range(8))
+    assert moe._other_ranks_reached(128, 8, 8) == pytest.approx(7 * (1 - miss))
+    assert 4.5 < moe._other_ranks_reached(128, 8, 8) < 4.7
+    assert moe._other_ranks_reached(128, 1, 8) == 0.0
+    # one expert per rank: every pick is a distinct rank, as many rows as copies leave the rank
+    assert moe._other_ranks_reached(8, 8, 2) == pytest.approx(2 * 7 / 8)
+    c = load_cluster("dgx-b200", {"nodes": 1})
+    flex, nccl = (
+        resolve_layout(m, c, LayoutRequest(tp=1, pp=1, ep=8, etp=1, moe_dispatcher=d, **MCORE))
+        for d in ("hybridep", "alltoall")
+    )
+    rows = 4096 * m.moe_top_k
+    ratio = moe.dispatch_s(m, c, flex, rows, 2, 4096) / moe.dispatch_s(m, c, nccl, rows, 2, 4096)
+    assert ratio < 0.75  # 4.6 rows instead of 7, at the same NVLink all-to-all bandwidth, plus latency
 
 
 def test_deepep_sends_a_token_once_per_domain_and_fp8_forward() -> None:

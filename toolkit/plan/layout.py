@@ -177,11 +177,11 @@ class LayoutRequest(BaseModel):
     (`alltoall`), all-gather then reduce-scatter over the expert group (`allgather`), or the flex dispatcher's
     DeepEP / HybridEP kernels, which move FP8 tokens in fp8 runs. Unset: all-to-all."""
     moe_routing: Literal["natural", "balanced"] = "natural"
-    """How evenly the router spreads tokens over the expert-parallel ranks. `balanced`: Megatron-Core's
-    `--moe-router-force-load-balancing`, as NVIDIA's published MoE benchmarks run (every rank gets its even
-    share). `natural`: dropless routing by the model's own router; the slowest rank sets the pace, priced at
-    the spread a uniform router already has — the expected largest of the ranks' binomial loads — a lower
-    bound, since a trained router prefers some experts."""
+    """How the router spreads tokens over the expert-parallel ranks; the slowest rank sets the pace.
+    `balanced`: Megatron-Core's `--moe-router-force-load-balancing`, as NVIDIA's published MoE benchmarks run:
+    random logits, i.e. a uniform router, whose ranks still get binomially spread loads (priced as the
+    expected largest of them). `natural`: dropless routing by the model's own router, priced at that same
+    spread — a lower bound, since a trained router prefers some experts."""
     ep_comm_overlap: bool = False
     """Megatron-Core's `--overlap-moe-expert-parallel-comm` (with `--delay-wgrad-compute`): each micro-batch's
     dispatch and combine run beside another micro-batch's compute in 1F1B, hidden as far as that lasts."""

@@ -16,11 +16,13 @@ which all-gather their dispatched tokens before the experts and reduce-scatter t
 
 Rows. The busiest rank's experts compute rows = (m / tp) · top-k · capacity · imbalance · ETP, as one grouped GEMM
 of its E / EP experts (TE's GroupedLinear; tile quantization per expert, wave quantization over all of them).
-`imbalance` is 1 under forced balance (Megatron-Core's `--moe-router-force-load-balancing`, as NVIDIA's
-published benchmarks run). Under natural dropless routing the slowest of the EP ranks sets the pace; a uniform
-router already spreads R = tokens·k routed rows over EP ranks binomially, and the expected largest of EP such
-loads is about R/EP + σ·√(2 ln EP) with σ² = R·(1/EP)(1 − 1/EP) (the Gaussian maximum bound), i.e. a factor
-1 + √(2 ln EP · (1 − 1/EP) · EP / R). That is a lower bound: a trained router prefers some experts.
+In dropless routing the slowest of the EP ranks sets the pace. Even a uniform router spreads R = tokens·k routed
+rows over EP ranks binomially, and the expected largest of EP such loads is about R/EP + σ·√(2 ln EP) with
+σ² = R·(1/EP)(1 − 1/EP) (the Gaussian maximum bound), i.e. `imbalance` = 1 + √(2 ln EP · (1 − 1/EP) · EP / R).
+That is exactly the load of Megatron-Core's `--moe-router-force-load-balancing`, as NVIDIA's published
+benchmarks run: it does not even out the counts, it replaces the router's logits with fresh normal draws per
+rank (`RandomSTE`: `logits.clone().normal_()`, megatron/core/transformer/moe/moe_utils.py @ d98e8a64), i.e. a
+uniform router. Under natural routing it is a lower bound: a trained router prefers some experts.
 
 Dispatch. Each MoE block moves every routed copy to its expert and back: forward a dispatch and a combine,
 backward their gradients — 4 all-to-alls of rows·h elements, 6 when full recomputation reruns the forward.
@@ -105,16 +107,17 @@ def placement(model: ModelSpec, layout: Layout, hf_modules: bool = False) -> Exp
         ep=layout.ep,
         etp=layout.etp or 1,
         token_split=split,
-        imbalance=imbalance(model, layout.ep, tokens, layout.moe_routing),
+        imbalance=imbalance(model, layout.ep, tokens),
         folded=layout.etp is not None,
         dispatcher=layout.moe_dispatcher or "alltoall",
     )
 
 
-def imbalance(model: ModelSpec, ep: int, tokens: float, routing: str) -> float:
+def imbalance(model: ModelSpec, ep: int, tokens: float) -> float:
     """The busiest of `ep` ranks' routed rows over the even share, for `tokens` dispatched per rank (module
-    docstring): 1 when balanced or without expert parallelism."""
-    if routing == "balanced" or ep <= 1 or tokens <= 0:
+    docstring): a uniform router's spread under either routing (`balanced` is Megatron-Core's random-logit
+    router, `natural` priced at its lower bound); 1 without expert parallelism."""
+    if ep <= 1 or tokens <= 0:
         return 1.0
     rows = tokens * model.moe_top_k * ep  # the EP group's routed rows, spread over ep ranks
     return 1.0 + math.sqrt(2 * math.log(ep) * (1 - 1 / ep) * ep / rows)
@@ -147,6 +150,20 @@ def _remote_domains(ep: int, per_domain: int, top_k: int) -> float:
     return (domains - 1) * (1 - (1 - 1 / domains) ** top_k)
 
 
+def _other_ranks_reached(experts: int, ranks: int, top_k: int) -> float:
+    """Expected other EP ranks one token's top-k distinct experts fall on, experts spread evenly (experts /
+    ranks each) and picked uniformly: each other rank is missed with probability C(E − E/r, k) / C(E, k)."""
+    if ranks <= 1:
+        return 0.0
+    if experts < ranks or top_k <= 0:
+        return top_k * (1 - 1 / ranks)  # fewer experts than ranks (replicas): one copy per routed row
+    per_rank = experts / ranks
+    miss = 1.0
+    for i in range(top_k):
+        miss *= max(0.0, (experts - per_rank - i) / (experts - i))
+    return (ranks - 1) * (1 - miss)
+
+
 def dispatch_s(
     model: ModelSpec, cluster: ClusterSpec, layout: Layout, rows: float, e: float, tokens: float
 ) -> float:
@@ -164,7 +181,13 @@ def dispatch_s(
     intra = comm.intra_bandwidth_gb_per_s(g, cluster, "all_to_all") * 1e9
     if dispatcher == "deepep":  # its copy kernels run on a fixed set of SMs, which bound it below NVLink 5
         intra = min(intra, DEEPEP_SMS * DEEPEP_GB_PER_S_PER_SM * 1e9)
-    nvlink = rows * h * e * (1 - 1 / g.size) / intra
+    # DeepEP and HybridEP send a token once to each rank holding any of its experts (DeepEP's layout is
+    # `is_token_in_rank`, one row per token and rank; the rank spreads it over its local experts itself, and
+    # sums their outputs before the combine), where NCCL's all-to-all carries one row per routed copy
+    copies = rows / (tokens * model.moe_top_k) if tokens > 0 else 1.0
+    nvlink = (
+        tokens * copies * _other_ranks_reached(model.num_experts, g.size, model.moe_top_k) * h * e / intra
+    )
     remote = _remote_domains(g.size, g.per_node, model.moe_top_k)
     # DeepEP's "RDMA bottleneck bandwidth" counts a token once per distinct destination domain, its own
     # included, and runs at about the NIC's rate (43-58 GB/s on 50 GB/s CX7): price those bytes at it
