@@ -121,6 +121,22 @@ def test_block_activations_match_what_hf_gpt2_saves() -> None:
     assert extra == 3 * 2 * fused.seq_length * fused.ffn_hidden_size
 
 
+def test_megatrons_loss_keeps_its_one_fp32_copy_where_hfs_keeps_three() -> None:
+    """Megatron's vocabulary-parallel cross-entropy upcasts once and works in place: (4 + 2)·s·b·V in bf16 at
+    its peak, 4 in fp32 (Korthikanti §4's saved softmax); torch's, under HF, 12·s·b·V. The fused stacks
+    (--fused-kernels without --fsdp) run Megatron's; TP splits the vocabulary."""
+    m, c = load_model("llama-7b"), load_cluster("dgx-h100", {"nodes": 1})
+    sbv = m.seq_length * 2 * m.vocab_size
+    assert act.logits_bytes(m, 2, 2, 1) == 12 * sbv
+    assert act.logits_bytes(m, 2, 2, 1, megatron=True) == 6 * sbv
+    assert act.logits_bytes(m, 2, 4, 2, megatron=True) == 4 * sbv / 2
+    base = dict(tp=1, pp=1, zero_stage=1, micro_batch_size=2, global_batch_size=16, recompute="full")
+    hf, fused = (resolve_layout(m, c, LayoutRequest(fused_kernels=f, **base)) for f in (False, True))
+    # the last stage's logits alone (no blocks): what each runtime's loss holds at its peak
+    assert act.stage_activations(m, hf, 0, 0, 0, 0.0) == 12 * sbv
+    assert act.stage_activations(m, fused, 0, 0, 0, 0.0) == 6 * sbv
+
+
 def test_palm_flops_convention() -> None:
     """6N + 12·L·H·Q·T per token (PaLM App. B), N without the learned position table (a lookup, no FLOPs; the
     tied word embedding stays: it is the LM head's matmul); full recomputation adds one forward of the blocks

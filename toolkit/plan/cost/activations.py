@@ -310,12 +310,21 @@ def block_bytes(
     return terms.per_rank(tp, sequence_parallel)
 
 
-def logits_bytes(model: ModelSpec, micro_batch: int, act_bytes: int, tp: int) -> float:
-    """The LM head and HF's loss at the start of backward, `12·s·b·V` (vocabulary-parallel over TP): the
-    fp32 log-softmax the cross-entropy saved and the two fp32 logit-gradient tensors backward creates from
-    it, or, in bf16, the upcast logits beside them — measured on 2 CPU ranks for a 45M GPT-2, where this is
-    the peak of every ZeRO stage. (Megatron's fused vocabulary-parallel loss keeps 4·s·b·V; Korthikanti §4.)"""
-    return 12 * model.seq_length * micro_batch * model.vocab_size / tp
+def logits_bytes(
+    model: ModelSpec, micro_batch: int, act_bytes: int, tp: int, megatron: bool = False
+) -> float:
+    """The LM head and the loss at their peak, per s·b·V (vocabulary-parallel over TP).
+
+    HF's loss (torch's cross-entropy): `12·s·b·V` at the start of backward — the fp32 log-softmax the
+    cross-entropy saved and the two fp32 logit-gradient tensors backward creates from it, or, in bf16, the
+    upcast logits beside them — measured on 2 CPU ranks for a 45M GPT-2, where this is the peak of every ZeRO
+    stage. Megatron's vocabulary-parallel cross-entropy (`megatron` — Megatron-LM, Megatron-DeepSpeed and
+    Megatron-Core's unfused path, megatron/core/tensor_parallel/cross_entropy.py @ d98e8a64) works in place:
+    `.float()` makes the one fp32 copy beside the `act_bytes` logits, exp and the division by the sum
+    overwrite it, it is the softmax saved for backward (Korthikanti et al. 2022 §4: 4·s·b·V), and backward
+    writes the gradient into it before the cast back: (4 + act_bytes)·s·b·V at either peak, 4 in fp32."""
+    per = (4 + act_bytes if act_bytes < 4 else 4) if megatron else 12
+    return per * model.seq_length * micro_batch * model.vocab_size / tp
 
 
 def _block_bytes_args(layout: Layout) -> dict:
@@ -381,7 +390,8 @@ def stage_activations(
         if layout.recompute == "ops":
             total -= block_bytes(model, recompute="ops", **kwargs)
     if index == layout.pp - 1 if head is None else head:
-        total += logits_bytes(model, layout.micro_batch_size, e, layout.tp)
+        megatron = layout.fused_kernels and layout.fsdp is None  # the fused stacks: Megatron's loss
+        total += logits_bytes(model, layout.micro_batch_size, e, layout.tp, megatron)
     return total / layout.sp
 
 
