@@ -19,7 +19,7 @@ Each row is priced as its stack runs, from the recipe (no per-row constant):
   routing ("In MoE training benchmarks, we force-balance the token distribution among experts", the summary's
   footnote), the recipe's pipeline layout and multi-token-prediction layers, FP8 with per-tensor scaling
   (`--precision fp8`), MXFP8 and NVFP4 as TE's block-scaled recipes, and the full-iteration CUDA graph of the
-  newest recipes (`--cuda-graphs`).
+  newest recipes (`--cuda-graphs`), and the recipe's recomputed modules (`--recompute-modules`).
 - torchtitan: PyTorch FSDP2 (`--fsdp fp32 --zero-stage 3`, gradients reduced in fp32, torchtitan's default),
   torch.compile (`--fused-kernels`), SDPA's flash attention, expert parallelism inside the FSDP ranks, DeepEP
   where the row says so, full activation checkpointing where it was on.
@@ -150,6 +150,8 @@ def flags(row: dict, models: Path) -> list[str]:
         out += ["--pipeline-layout", layout]
     recompute = str(lay.get("recompute") or "none")
     out += ["--recompute", "selective" if recompute.startswith("selective") else "none"]
+    if recompute.startswith("selective:"):  # Megatron-Core's recompute_modules, as the recipe lists them
+        out += ["--recompute-modules", recompute.split(":", 1)[1].replace(" ", "")]
     if "full-iteration" in str(lay.get("cuda_graph")):
         out += ["--cuda-graphs"]
     overlap = str(lay.get("ep_comm_overlap") or "")

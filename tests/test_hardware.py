@@ -18,7 +18,8 @@ import yaml
 from toolkit.host.amd_smi import parse_amd_smi
 from toolkit.host.detect import parse_cpuinfo, parse_nvidia_smi
 from toolkit.host.local import detect
-from toolkit.plan.layout import LayoutRequest, default_precision, precision_reason
+from toolkit.plan.choice import precision_reason
+from toolkit.plan.layout import LayoutRequest, default_precision
 from toolkit.plan.presets import match_gpu
 from toolkit.plan.rules import resolve_layout
 from toolkit.plan.specs import ClusterSpec

@@ -30,7 +30,8 @@ CASES: dict[str, list[str]] = {
     "deepseek-v3-mtp-layout-folded-ep64": [
         "--model", "deepseek-v3-671b+mtp_layers=1", "--cluster", "dgx-h100", "--nodes", "128", "--tp", "2", "--pp", "16",
         "--virtual-stages", "2", "--pipeline-layout", "Et|(tt|)*30mL", "--ep", "64", "--etp", "1",
-        "--zero-stage", "1", "--recompute", "selective", "--global-batch", "4096",
+        "--zero-stage", "1", "--recompute", "selective", "--recompute-modules", "moe_act,mla_up_proj,layernorm",
+        "--global-batch", "4096",
     ],
     "qwen3-235b-uneven-interleaved-fp8": [
         "--model", "qwen3-235b-a22b", "--cluster", "dgx-h100", "--nodes", "32", "--tp", "2", "--pp", "8",
@@ -247,7 +248,9 @@ def test_arguments_are_megatron_lm_flags_with_the_plans_values(tmp_path, case) -
     assert ns.recompute_granularity == (None if recompute == "none" else recompute)
     if recompute == "full":
         assert (ns.recompute_method, ns.recompute_num_layers) == ("uniform", 1)
-    assert ns.recompute_modules == (["core_attn"] if recompute == "selective" else None)
+    modules = given(flags, "--recompute-modules", "core_attn").split(",")
+    want = ["core_attn", "layernorm", "moe_act", "mla_up_proj", "mlp", "shared_experts"]  # Megatron's order
+    assert ns.recompute_modules == ([m for m in want if m in modules] if recompute == "selective" else None)
     assert ns.attention_backend == ("unfused" if "--no-flash-attention" in flags else "auto")
     graphs = "--cuda-graphs" in flags  # Megatron's NaN check syncs with the host (arguments.py:1235-1237)
     assert ns.cuda_graph_impl == ("full_iteration" if graphs else None)

@@ -149,3 +149,58 @@ def test_uneven_pipeline_and_mtp_are_priced_on_the_ranks_that_hold_them() -> Non
     mtp = stage_memories(with_mtp, c2, resolve_layout(with_mtp, c2, LayoutRequest(**fields)))
     assert mtp[-1].total > plain[-1].total and mtp[0].total == plain[0].total
     assert _estimate(with_mtp, c2, **fields).time.compute_s > _estimate(ds, c2, **fields).time.compute_s
+
+
+def test_megatron_core_recompute_modules_drop_what_they_rebuild_and_replay_it() -> None:
+    """`--recompute-modules` (Megatron-Core's selective recomputation): each module's kept tensors leave the
+    activations and its forward is repeated in backward; without core_attn the attention is not rebuilt."""
+    from toolkit.plan.architectures import ACTIVATIONS
+    from toolkit.plan.cost import activations as act
+    from toolkit.plan.cost import selective
+    from toolkit.plan.cost.attention import attention_core_s
+    from toolkit.plan.cost.compute import stage_compute
+    from toolkit.plan.params import count_params
+
+    m, c = load_model("deepseek-v3-671b"), load_cluster("gb200-nvl72", {"nodes": 64})
+    fields = dict(tp=1, pp=4, ep=64, etp=1, precision="bf16", **MCORE)
+    none = resolve_layout(m, c, LayoutRequest(**fields))
+    tokens = m.seq_length
+    for modules in ("moe_act", "mla_up_proj", "layernorm", "moe_act,mla_up_proj,layernorm"):
+        lay = resolve_layout(m, c, LayoutRequest(recompute="selective", recompute_modules=modules, **fields))
+        dropped = sum(selective.kept_by(m, 2, True, lay.recomputed_modules)) * tokens  # TP 1: both count
+        kept = act.per_micro_activations(m, none, 1, 1) - act.per_micro_activations(m, lay, 1, 1)
+        assert dropped > 0 and kept == pytest.approx(dropped, rel=1e-12)
+    # the second grouped GEMM's input, top-k copies of the expert width
+    assert selective.kept_by(m, 2, True, frozenset({"moe_act"})) == (
+        2 * m.moe_ffn_hidden_size * m.moe_top_k,
+        0,
+    )
+    stage = dict(micro_batch=1, e=2, tp=1, sp=1, dense_layers=0, moe_layers=1, last=False, flash=True,
+                 recompute="selective", sequence_parallel=False, peak=c.gpu_peak_tflops * 1e12)  # fmt: skip
+    pc = count_params(m)
+    replay = {
+        k: stage_compute(m, pc, c, **stage, modules=frozenset(k.split(","))).recompute_s
+        for k in ("core_attn", "moe_act", "core_attn,moe_act")
+    }
+    assert replay["core_attn"] == attention_core_s(m, c, tokens, 2, 1, stage["peak"], True, True)
+    passes = ACTIVATIONS[m.activation].passes + 3  # SwiGLU: the activation and the gate product
+    hbm = c.gpu_memory_gb_per_s * 1e9
+    assert replay["moe_act"] == pytest.approx(passes * 2 * tokens * m.moe_top_k * m.moe_ffn_hidden_size / hbm)
+    assert replay["core_attn,moe_act"] == pytest.approx(replay["core_attn"] + replay["moe_act"])
+
+
+def test_recompute_modules_are_megatron_cores_and_must_be_in_the_model() -> None:
+    m, c = load_model("qwen3-30b-a3b"), load_cluster("dgx-h100", {"nodes": 2})
+    base = dict(tp=1, pp=1, ep=16, etp=1, **MCORE)
+    with pytest.raises(Exception, match="--recompute-modules: mla_up_proj needs multi-latent attention"):
+        resolve_layout(m, c, LayoutRequest(recompute="selective", recompute_modules="mla_up_proj", **base))
+    with pytest.raises(
+        Exception, match="--recompute-modules: what --recompute selective rebuilds; got --recompute none"
+    ):
+        resolve_layout(m, c, LayoutRequest(recompute_modules="moe_act", **base))
+    with pytest.raises(Exception, match="--recompute-modules: moe: not a module dstk prices"):
+        LayoutRequest(recompute="selective", recompute_modules="moe")
+    lay = resolve_layout(
+        m, c, LayoutRequest(recompute="selective", recompute_modules="moe_act, layernorm", **base)
+    )
+    assert lay.recompute_modules == "layernorm,moe_act" and lay.recomputed_modules == {"layernorm", "moe_act"}

@@ -118,6 +118,14 @@ RULE_CASES = [
         r"--recompute-every: checkpoints every K-th block of --recompute full, not --recompute selective",
     ),
     (
+        "recompute_modules_fit",
+        "qwen3-30b-a3b",
+        "dgx-h100",
+        {},
+        dict(recompute="selective", recompute_modules="moe_act,mla_up_proj", zero_stage=1),
+        r"--recompute-modules: mla_up_proj needs multi-latent attention, which qwen3-30b-a3b does not have",
+    ),
+    (
         "recompute_every_runtime_only",
         "gpt2",
         "dgx-a100-80g",

@@ -134,7 +134,8 @@ def _recompute_args(layout: Layout) -> list[str]:
             "--recompute-num-layers", "1",
         ]  # fmt: skip
     if layout.recompute == "selective":
-        return ["--recompute-granularity", "selective", "--recompute-modules", "core_attn"]
+        modules = (layout.recompute_modules or "core_attn").split(",")
+        return ["--recompute-granularity", "selective", "--recompute-modules", *modules]
     return []
 
 

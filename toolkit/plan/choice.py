@@ -13,12 +13,35 @@ from typing import Any
 
 from toolkit.plan.cost.estimate import Estimate
 from toolkit.plan.cost.memory import Memory
-from toolkit.plan.layout import Layout, precision_reason
+from toolkit.plan.layout import Layout
 from toolkit.plan.query import RECOMPUTE, SEARCHED
-from toolkit.plan.units import format_bytes
+from toolkit.plan.specs import ClusterSpec, Precision
+from toolkit.plan.units import format_bytes, format_tflops
 
 NEAR_TIE = 0.02
 """Layouts within 2 % of the best predicted throughput count as ties; the simplest of them wins."""
+
+
+def precision_reason(cluster: ClusterSpec, precision: Precision) -> str:
+    """Why `default_precision` chose `precision` on this cluster, with the throughputs it compared."""
+
+    def rate(p: Precision) -> str:
+        return format_tflops(cluster.peak_flops(p))  # one unit in the sentence, however small
+
+    if precision == "fp32":
+        if cluster.supports("bf16"):
+            slow = "emulated" if cluster.accelerator == "cpu" else "slower"
+            return (
+                f"fp32 because bf16 is {slow} on this {cluster.accelerator}: {rate('bf16')} bf16 vs "
+                f"{rate('fp32')} fp32 per rank"
+            )
+        return f"fp32 because this {cluster.accelerator} has neither bf16 nor fp16 ({rate('fp32')} per rank)"
+    if precision == "fp16":
+        return (
+            f"fp16 because this {cluster.accelerator} has no bf16 ({rate('fp16')} fp16 vs {rate('fp32')} fp32); "
+            "DeepSpeed's dynamic loss scaling keeps it stable"
+        )
+    return f"bf16 ({rate('bf16')} vs {rate('fp32')} fp32 per rank, half the memory of fp32)"
 
 
 @dataclass

@@ -28,6 +28,10 @@ def core_only(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | 
         (r.etp is not None, "--etp (MoE parallel folding)"),
         (r.moe_dispatcher is not None, "--moe-dispatcher"),
         (r.moe_routing == "balanced", "--moe-routing balanced (--moe-router-force-load-balancing)"),
+        (
+            r.recompute_modules not in (None, "core_attn"),
+            f"--recompute-modules {r.recompute_modules} (Megatron-Core's fine-grained recomputation)",
+        ),
         (r.ep_comm_overlap, "--ep-comm-overlap (--overlap-moe-expert-parallel-comm)"),
         (r.pipeline_layout is not None, "--pipeline-layout"),
         (r.cuda_graphs, "--cuda-graphs (--cuda-graph-impl full_iteration)"),

@@ -12,8 +12,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from toolkit.errors import UserError
+from toolkit.plan.recompute_modules import normal_modules, recomputed
 from toolkit.plan.specs import LOW_PRECISION_GEMMS, ClusterSpec, Precision
-from toolkit.plan.units import format_tflops
 
 Recompute = Literal["none", "selective", "full", "ops"]
 OffloadDevice = Literal["none", "cpu", "nvme"]
@@ -54,6 +54,7 @@ LAYOUT_FLAGS: dict[str, str] = {
     "recompute": "--recompute",
     "recompute_every": "--recompute-every",
     "recompute_early_stop": "--recompute-early-stop",
+    "recompute_modules": "--recompute-modules",
     "offload_optimizer": "--offload-optimizer",
     "offload_param": "--offload-param",
     "offload_activations": "--offload-activations",
@@ -108,6 +109,9 @@ class LayoutRequest(BaseModel):
     (torchtitan's `selective_ac_option = K`, fms-fsdp's `selective_checkpointing = K` before 2024-03-21:
     `count % K == 0` in both); `dstk estimate` only, for published runs — DeepSpeed and Megatron checkpoint
     every block. Unset: every block."""
+    recompute_modules: str | None = None
+    """With --recompute selective: what Megatron-Core rebuilds, comma-separated (core_attn, layernorm, moe_act,
+    mla_up_proj, mlp, shared_experts; toolkit/plan/recompute_modules.py). Unset: core_attn, the attention core."""
     recompute_early_stop: bool | None = None
     """With --recompute full: the checkpoint stops recomputing a block once every tensor its backward needs is
     back, so each block's last linear layer (the MLP's down projection; its output only feeds the residual
@@ -215,6 +219,11 @@ class LayoutRequest(BaseModel):
     """LoRA fine-tuning, e.g. `r=16,alpha=32[,dropout=0.05][,targets=q_proj+v_proj]`: adapters train, the
     base weights are frozen (no gradients or optimizer states for them); see toolkit/plan/lora.py."""
 
+    @field_validator("recompute_modules")
+    @classmethod
+    def _normal_recompute_modules(cls, value: str | None) -> str | None:
+        return normal_modules(value)
+
     @field_validator("lora")
     @classmethod
     def _normal_lora(cls, value: str | None) -> str | None:
@@ -251,6 +260,11 @@ class Layout(LayoutRequest):
         if self.precision != "fp8":
             return None
         return "delayed" if self.fused_kernels and self.fsdp is None else "tensorwise"
+
+    @property
+    def recomputed_modules(self) -> frozenset[str]:
+        """What selective recomputation rebuilds (toolkit.plan.recompute_modules.recomputed)."""
+        return recomputed(self.recompute, self.recompute_modules)
 
     @property
     def recompute_stops_early(self) -> bool:
@@ -375,28 +389,6 @@ def fastest_precision(peak_flops: dict[str, float]) -> Precision:
         if precision in peak_flops and peak_flops[precision] >= peak_flops["fp32"]:
             return precision
     return "fp32"
-
-
-def precision_reason(cluster: ClusterSpec, precision: Precision) -> str:
-    """Why `default_precision` chose `precision` on this cluster, with the throughputs it compared."""
-
-    def rate(p: Precision) -> str:
-        return format_tflops(cluster.peak_flops(p))  # one unit in the sentence, however small
-
-    if precision == "fp32":
-        if cluster.supports("bf16"):
-            slow = "emulated" if cluster.accelerator == "cpu" else "slower"
-            return (
-                f"fp32 because bf16 is {slow} on this {cluster.accelerator}: {rate('bf16')} bf16 vs "
-                f"{rate('fp32')} fp32 per rank"
-            )
-        return f"fp32 because this {cluster.accelerator} has neither bf16 nor fp16 ({rate('fp32')} per rank)"
-    if precision == "fp16":
-        return (
-            f"fp16 because this {cluster.accelerator} has no bf16 ({rate('fp16')} fp16 vs {rate('fp32')} fp32); "
-            "DeepSpeed's dynamic loss scaling keeps it stable"
-        )
-    return f"bf16 ({rate('bf16')} vs {rate('fp32')} fp32 per rank, half the memory of fp32)"
 
 
 def batch_arithmetic(micro: int, dp: int, global_batch: int | None, accum: int | None) -> tuple[int, int]:

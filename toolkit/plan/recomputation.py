@@ -42,6 +42,25 @@ def recompute_every_needs_full(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, d
     return None
 
 
+def recompute_modules_fit(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """`--recompute-modules` refines selective recomputation, and each module must be in the model: latent
+    attention for `mla_up_proj`, MoE layers for `moe_act`, shared experts for `shared_experts`."""
+    if r.recompute_modules is None:
+        return None
+    if r.recompute != "selective":
+        return f"--recompute-modules: what --recompute selective rebuilds; got --recompute {r.recompute}"
+    names = r.recompute_modules.split(",")
+    missing = {
+        "mla_up_proj": m.kv_lora_rank is None and "multi-latent attention",
+        "moe_act": not m.is_moe and "MoE layers",
+        "shared_experts": not m.shared_expert_ffn_hidden_size and "shared experts",
+    }
+    for name in names:
+        if missing.get(name):
+            return f"--recompute-modules: {name} needs {missing[name]}, which {m.name} does not have"
+    return None
+
+
 def recompute_every_runtime_only(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
     """Block-interval checkpointing is a runtime dstk prices (torchtitan, fms-fsdp) but does not configure."""
     if r.recompute_every is not None and r.recompute_every > 1:

@@ -26,6 +26,7 @@ from toolkit.plan.recomputation import (
     op_recompute_is_torchtitan_fsdp,
     recompute_every_needs_full,
     recompute_every_runtime_only,
+    recompute_modules_fit,
 )
 from toolkit.plan.sequence_parallel import (
     sp_architecture,
@@ -304,6 +305,7 @@ RULES: tuple[Rule, ...] = (
     Rule("pytorch_fsdp_runtime_only", _pytorch_fsdp_only, scope="runs"),
     Rule("backward_prefetch_needs_fsdp", _backward_prefetch_needs_fsdp),
     Rule("recompute_every_needs_full", recompute_every_needs_full),
+    Rule("recompute_modules_fit", recompute_modules_fit),
     Rule("op_recompute_is_torchtitan_fsdp", op_recompute_is_torchtitan_fsdp),
     Rule("recompute_every_runtime_only", recompute_every_runtime_only, scope="runs"),
     Rule("early_stop_needs_full_recompute", early_stop_needs_full),

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from toolkit.plan.architectures import ACTIVATIONS
 from toolkit.plan.cost.attention import MASK_BYTES
 from toolkit.plan.cost.fp8 import saved_input_bytes
+from toolkit.plan.cost.selective import kept_by, mlp_saved
 from toolkit.plan.cost.traced_blocks import traced_block_bytes
 from toolkit.plan.layout import Layout, LayoutRequest
 from toolkit.plan.specs import LOW_PRECISION_GEMMS, ModelSpec
@@ -117,14 +117,6 @@ def routed_copies(model: ModelSpec, hf_dense: bool = False) -> float:
     return model.moe_top_k * model.moe_capacity_factor
 
 
-def _mlp_saved(model: ModelSpec) -> int:
-    """Tensors of the MLP's inner width autograd keeps: a gated MLP gate, up, act(gate) and their product, 4
-    (gpt-oss's clamped SwiGLU 7); an ungated one what `plan/architectures.py`'s ACTIVATIONS says (a fused GeLU
-    its input and the second matmul's input, 2; HF GPT-2's eight-op `gelu_new` 5)."""
-    facts = ACTIVATIONS[model.activation]
-    return facts.gated_saved if model.gated_mlp else facts.saved
-
-
 def block_terms(
     model: ModelSpec,
     tokens: int,
@@ -169,7 +161,7 @@ def block_terms(
             model.qk_rope_head_dim or 0
         )
     # of the MLP's saved tensors, the second matmul's input is that linear layer's own
-    per_width = (_mlp_saved(model) - 1) * e + fp8
+    per_width = (mlp_saved(model) - 1) * e + fp8
     if moe:
         ffn, routed = model.moe_ffn_hidden_size, routed_copies(model, hf_modules and dense_experts)
         mlp = per_width * ffn * routed
@@ -289,9 +281,12 @@ def block_bytes(
     float8: str | None = None,
     hf_modules: bool = False,
     dense_experts: bool = True,
+    modules: frozenset[str] = frozenset(),
 ) -> float:
     """Bytes one block keeps for one micro-batch on one TP rank under the given recomputation (`float8`: the
-    linear layers are torchao's, `torchao_linears`; `hf_modules`: HF's eager modules, `hf_eager_extra`)."""
+    linear layers are torchao's, `torchao_linears`; `hf_modules`: HF's eager modules, `hf_eager_extra`;
+    `modules`: Megatron-Core's selectively recomputed modules, whose tensors `selective.kept_by` takes out;
+    a traced block ignores them)."""
     tokens = model.seq_length * micro_batch
     if recompute == "full":
         stored = act_bytes * model.hidden_size * tokens
@@ -307,6 +302,11 @@ def block_bytes(
     terms = block_terms(model, tokens, act_bytes, moe, fp8_inputs, hf_modules, dense_experts)
     if recompute == "selective":
         terms = ActivationTerms(terms.sharded, terms.replicated, 0.0)
+    if modules:
+        sharded, replicated = kept_by(model, act_bytes, moe, modules, fp8_inputs)
+        terms = ActivationTerms(
+            terms.sharded - sharded * tokens, terms.replicated - replicated * tokens, terms.quadratic
+        )
     return terms.per_rank(tp, sequence_parallel)
 
 
@@ -338,6 +338,7 @@ def _block_bytes_args(layout: Layout) -> dict:
         float8=torchao_linears(layout.fp8_recipe, layout.fused_kernels),
         hf_modules=hf_modules(layout),
         dense_experts=layout.ep == 1,
+        modules=layout.recomputed_modules - {"core_attn"},
     )
 
 
@@ -347,10 +348,18 @@ def hf_modules(layout: Layout) -> bool:
     return not layout.fused_kernels and layout.fsdp is None
 
 
+def _attention_mode(layout: Layout) -> str:
+    """The recomputation the attention core gets: selective without `core_attn` among Megatron-Core's modules
+    keeps the scores (where the kernel stores them) as no recomputation would."""
+    if layout.recompute == "selective" and "core_attn" not in layout.recomputed_modules:
+        return "none"
+    return layout.recompute
+
+
 def per_micro_activations(model: ModelSpec, layout: Layout, blocks: int, moe_blocks: int) -> float:
     """Activations one micro-batch leaves on a rank of a stage with `blocks` blocks (`moe_blocks` of them MoE)."""
     kwargs = _block_bytes_args(layout)
-    recompute = attention_recompute(layout.recompute, flash_attention(model, layout))
+    recompute = attention_recompute(_attention_mode(layout), flash_attention(model, layout))
     per_micro = (blocks - moe_blocks) * block_bytes(model, recompute=recompute, **kwargs)
     per_micro += moe_blocks * block_bytes(model, recompute=recompute, moe=True, **kwargs)
     every = layout.recompute_every or 1

@@ -24,6 +24,7 @@ from toolkit.plan.cost.attention import attention_core_s
 from toolkit.plan.cost.fp8 import CastTraffic, Fp8Gemms, Linear, cast_traffic
 from toolkit.plan.cost.gemm import gemm_s, linear_s
 from toolkit.plan.cost.moe import ExpertPlacement, permute_bytes
+from toolkit.plan.cost.selective import stage_replay_s
 from toolkit.plan.cost.traced_blocks import traced_block_time, traced_linears
 from toolkit.plan.params import ParamCount
 from toolkit.plan.specs import ClusterSpec, ModelSpec
@@ -328,6 +329,7 @@ def stage_compute(
     hf_modules: bool = False,
     experts: ExpertPlacement | None = None,
     mtp: int = 0,
+    modules: frozenset[str] = frozenset({"core_attn"}),
 ) -> StageCompute:
     """Forward, backward and recomputation seconds of one micro-batch on one rank of a pipeline stage.
 
@@ -337,7 +339,8 @@ def stage_compute(
     block (Megatron's `--recompute-granularity full` the transformer layers, HF's gradient checkpointing each
     decoder layer, llm-foundry's `activation_checkpointing_fn` each MPTBlock, DeepSpeed's checkpointing the
     layers it wraps), and Narayanan et al. 2021's hardware-FLOPs formula (eq. 3) counts the logit layer three
-    times, not four. Selective repeats the attention core; full with `recompute_every` K > 1 repeats the
+    times, not four. Selective repeats the attention core, or what Megatron-Core's `modules` name
+    (`selective_replay_s`); full with `recompute_every` K > 1 repeats the
     forward of the stage's blocks whose count is a multiple of K (blocks // K of them); torchtitan's op-level
     policy (`ops`) replays what it does not save (BlockTime.op_sac_s). With `early_stop`
     (the layout's checkpoint stops early and `early_stop_skips` says it can stop before the down projection)
@@ -372,11 +375,6 @@ def stage_compute(
             fwd, bwd = fwd + count * block.forward_s, bwd + count * block.backward_s
             per_step += count * block.per_step_s
             op_sac += count * block.op_sac_s
-    attention_fwd = sum(
-        count * attention_core_s(model, cluster, tokens / sp, e, tp, peak, flash, moe)
-        for count, moe in ((dense_layers, False), (moe_layers, True))
-        if count
-    )
     if last:
         hbm = cluster.gpu_memory_gb_per_s * 1e9
         head = gemm_s(tokens / sp, model.hidden_size, model.vocab_size / tp, e, peak, cluster)
@@ -390,7 +388,9 @@ def stage_compute(
     if early_stop and recompute == "full" and dense_layers:
         tail = block_linears(model, tokens / sp, tp, False, ep)[-1]
         blocks_fwd -= dense_layers * linear_s(tail, e, peak, cluster, fp8)
-    recompute_s = {"full": blocks_fwd, "selective": attention_fwd, "ops": op_sac}.get(recompute, 0.0)
+    layers = {False: dense_layers, True: moe_layers}
+    selective = stage_replay_s(model, cluster, modules, tokens / sp, e, tp, peak, flash, fp8, experts, layers)
+    recompute_s = {"full": blocks_fwd, "selective": selective, "ops": op_sac}.get(recompute, 0.0)
     if recompute == "full" and recompute_every > 1 and blocks:
         recompute_s = blocks_fwd * (blocks // recompute_every) / blocks
     return StageCompute(forward_s=fwd, backward_s=bwd, recompute_s=recompute_s, per_step_s=per_step)

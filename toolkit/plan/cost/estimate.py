@@ -368,6 +368,7 @@ def estimate(
             mtp=st.mtp,
             experts=experts,
             recompute=layout.recompute,
+            modules=layout.recomputed_modules,
             recompute_every=layout.recompute_every or 1,
             early_stop=early_stop,
             flash=act.flash_attention(model, layout),
