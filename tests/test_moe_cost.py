@@ -204,3 +204,25 @@ def test_recompute_modules_are_megatron_cores_and_must_be_in_the_model() -> None
         m, c, LayoutRequest(recompute="selective", recompute_modules="moe_act, layernorm", **base)
     )
     assert lay.recompute_modules == "layernorm,moe_act" and lay.recomputed_modules == {"layernorm", "moe_act"}
+
+
+def test_an_fp8_moe_block_keeps_its_dispatched_tokens_as_the_grouped_gemm_saves_them() -> None:
+    """In an FP8/MXFP8 run TE's GroupedLinear saves its quantized input, the only keeper of the dispatched
+    tokens: a byte (and a scale per 32) instead of two per element, as for a dense block's linear inputs."""
+    from toolkit.plan.cost import activations as act
+
+    m = load_model("qwen3-30b-a3b")
+    x = 1 + 1 / 32  # MXFP8's saved input
+    common = dict(micro_batch=1, act_bytes=2, tp=1, sequence_parallel=False, recompute="selective", moe=True)
+    bf16, mxfp8 = (act.block_bytes(m, **common, fp8_inputs=f) for f in (0, x))
+    h, routed, o_width = m.hidden_size, m.moe_top_k, m.n_heads * m.v_width
+    # the norm outputs (QKV and MLP inputs), the experts' second GEMM input, the dispatched tokens; the
+    # attention output is kept in FP8 beside its bf16 copy (block_terms)
+    per_token = (
+        2 * (2 - x) * h + (2 - x) * m.moe_ffn_hidden_size * routed + (2 - x) * h * routed - x * o_width
+    )
+    assert bf16 - mxfp8 == pytest.approx(per_token * m.seq_length, rel=1e-12)
+    hf = dict(common, hf_modules=True, dense_experts=False)
+    assert act.block_bytes(m, **hf, fp8_inputs=0) - act.block_bytes(m, **hf, fp8_inputs=x) == pytest.approx(
+        (per_token - (2 - x) * h * routed) * m.seq_length, rel=1e-12
+    )  # HF's experts are no linear layers torchao converts: their dispatched tokens stay bf16

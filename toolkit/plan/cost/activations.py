@@ -165,8 +165,10 @@ def block_terms(
     if moe:
         ffn, routed = model.moe_ffn_hidden_size, routed_copies(model, hf_modules and dense_experts)
         mlp = per_width * ffn * routed
-        # dispatched tokens into the experts and their outputs before the combine
-        mlp += 2 * e * h * routed
+        # the dispatched tokens, which the first grouped GEMM alone keeps (in FP8 runs its FP8 copy: TE's
+        # GroupedLinear saves the quantized input, as a dense linear layer does; HF's experts are no linear
+        # layers torchao converts), and the experts' outputs before the combine
+        mlp += ((e if hf_modules else fp8) + e) * h * routed
         # Qwen2-MoE's shared expert: a dense MLP on every token, its gate's input and sigmoid
         mlp += per_width * model.shared_expert_ffn_hidden_size
     else:
