@@ -105,7 +105,7 @@ def test_estimate_json_adds_up_with_one_mfu(model_name: str, cluster_name: str) 
         # hardware FLOPs are model FLOPs plus what is computed again or padded: never fewer
         assert d["hardware_flops_per_token"] >= d["model_flops_per_token"]
         assert d["hardware_tflops_per_gpu"] >= d["tflops_per_gpu"] * (1 - 1e-12)
-        # Llama 4's HF block computes every expert (toolkit.plan.cost.activations.routed_copies)
+        # Llama 4's HF block computes every expert (toolkit.plan.cost.moe.routed_copies)
         dense_experts = est.model.family.hf_dense_experts and d["layout"]["ep"] == 1
         if d["layout"]["recompute"] == "none" and est.model.moe_capacity_factor <= 1 and not dense_experts:
             assert d["hardware_flops_per_token"] == d["model_flops_per_token"]

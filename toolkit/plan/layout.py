@@ -259,7 +259,13 @@ class Layout(LayoutRequest):
             return self.precision
         if self.precision != "fp8":
             return None
-        return "delayed" if self.fused_kernels and self.fsdp is None else "tensorwise"
+        return "delayed" if self.megatron_stack else "tensorwise"
+
+    @property
+    def megatron_stack(self) -> bool:
+        """Megatron's runtimes (Megatron-LM, Megatron-DeepSpeed, Megatron-Core, NeMo): `--fused-kernels`
+        without PyTorch FSDP, whose `--fused-kernels` is torch.compile."""
+        return self.fused_kernels and self.fsdp is None
 
     @property
     def recomputed_modules(self) -> frozenset[str]:

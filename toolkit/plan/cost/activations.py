@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from toolkit.plan.cost.attention import MASK_BYTES
 from toolkit.plan.cost.fp8 import saved_input_bytes
+from toolkit.plan.cost.moe import routed_copies
 from toolkit.plan.cost.selective import kept_by, mlp_saved
 from toolkit.plan.cost.traced_blocks import traced_block_bytes
 from toolkit.plan.layout import Layout, LayoutRequest
@@ -107,14 +108,6 @@ class ActivationTerms:
     def per_rank(self, tp: int, sequence_parallel: bool) -> float:
         replicated = self.replicated / tp if sequence_parallel else self.replicated
         return replicated + (self.sharded + self.quadratic) / tp
-
-
-def routed_copies(model: ModelSpec, hf_dense: bool = False) -> float:
-    """Copies of each token the experts compute: top-k, padded by the capacity factor — or all E where HF's
-    block runs every expert (`hf_dense`: Llama 4's HF modules without expert parallelism; `hf_dense_experts`)."""
-    if hf_dense and model.family.hf_dense_experts:
-        return float(model.num_experts)
-    return model.moe_top_k * model.moe_capacity_factor
 
 
 def block_terms(
@@ -401,8 +394,7 @@ def stage_activations(
         if layout.recompute == "ops":
             total -= block_bytes(model, recompute="ops", **kwargs)
     if index == layout.pp - 1 if head is None else head:
-        megatron = layout.fused_kernels and layout.fsdp is None  # the fused stacks: Megatron's loss
-        total += logits_bytes(model, layout.micro_batch_size, e, layout.tp, megatron)
+        total += logits_bytes(model, layout.micro_batch_size, e, layout.tp, layout.megatron_stack)
     return total / layout.sp
 
 

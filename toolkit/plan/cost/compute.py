@@ -19,11 +19,11 @@ from typing import Any
 
 from toolkit.plan.architectures import ACTIVATIONS
 from toolkit.plan.attention_maps import attention_maps
-from toolkit.plan.cost.activations import op_sac_matmuls, routed_copies, torchao_linears
+from toolkit.plan.cost.activations import op_sac_matmuls, torchao_linears
 from toolkit.plan.cost.attention import attention_core_s
 from toolkit.plan.cost.fp8 import CastTraffic, Fp8Gemms, Linear, cast_traffic
 from toolkit.plan.cost.gemm import gemm_s, linear_s
-from toolkit.plan.cost.moe import ExpertPlacement, permute_bytes
+from toolkit.plan.cost.moe import ExpertPlacement, permute_bytes, routed_copies
 from toolkit.plan.cost.selective import stage_replay_s
 from toolkit.plan.cost.traced_blocks import traced_block_time, traced_linears
 from toolkit.plan.params import ParamCount

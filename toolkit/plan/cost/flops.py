@@ -14,8 +14,9 @@ experts. The same model FLOPs price a training run (`dstk plan --tokens`) and re
 
 from __future__ import annotations
 
-from toolkit.plan.cost.activations import op_sac_matmuls, routed_copies
+from toolkit.plan.cost.activations import op_sac_matmuls
 from toolkit.plan.cost.attention import attention_cores
+from toolkit.plan.cost.moe import routed_copies
 from toolkit.plan.params import count_params
 from toolkit.plan.specs import ModelSpec
 

@@ -123,9 +123,17 @@ def imbalance(model: ModelSpec, ep: int, tokens: float) -> float:
     return 1.0 + math.sqrt(2 * math.log(ep) * (1 - 1 / ep) * ep / rows)
 
 
+def routed_copies(model: ModelSpec, hf_dense: bool = False) -> float:
+    """Copies of each token the experts compute: top-k, padded by the capacity factor — or all E where HF's
+    block runs every expert (`hf_dense`: Llama 4's HF modules without expert parallelism; `hf_dense_experts`)."""
+    if hf_dense and model.family.hf_dense_experts:
+        return float(model.num_experts)
+    return model.moe_top_k * model.moe_capacity_factor
+
+
 def dispatched_rows(model: ModelSpec, m: float, p: ExpertPlacement) -> float:
     """Routed copies a rank sends to the experts for `m` tokens (before any ETP gather)."""
-    return m / p.token_split * model.moe_top_k * model.moe_capacity_factor
+    return m / p.token_split * routed_copies(model)
 
 
 def expert_rows(model: ModelSpec, m: float, p: ExpertPlacement) -> float:

@@ -11,7 +11,7 @@ from toolkit.plan.attention_maps import attention_maps
 from toolkit.plan.cost.attention import attention_core_s
 from toolkit.plan.cost.fp8 import Fp8Gemms, Linear
 from toolkit.plan.cost.gemm import linear_s
-from toolkit.plan.cost.moe import ExpertPlacement, expert_rows
+from toolkit.plan.cost.moe import ExpertPlacement, expert_rows, routed_copies
 from toolkit.plan.specs import ClusterSpec, ModelSpec
 
 
@@ -21,6 +21,12 @@ def mlp_saved(model: ModelSpec) -> int:
     its input and the second matmul's input, 2; HF GPT-2's eight-op `gelu_new` 5)."""
     facts = ACTIVATIONS[model.activation]
     return facts.gated_saved if model.gated_mlp else facts.saved
+
+
+def _separate_norms(model: ModelSpec, moe: bool) -> int:
+    """Norms of a block that are modules of their own, which `layernorm` recomputes: the one before an MoE
+    layer's router, and latent attention's input norm; the others are fused into TE's LayerNormLinear."""
+    return (1 if moe else 0) + (1 if model.kv_lora_rank is not None else 0)
 
 
 def kept_by(
@@ -37,11 +43,9 @@ def kept_by(
     sharded = replicated = 0.0
     per_width = (mlp_saved(model) - 1) * e + fp8
     if "layernorm" in modules:
-        replicated += fp8 * h * ((1 if moe else 0) + (1 if model.kv_lora_rank is not None else 0))
-    if (
-        "moe_act" in modules and moe
-    ):  # top-k copies, padded by the capacity factor (activations.routed_copies)
-        sharded += fp8 * model.moe_ffn_hidden_size * model.moe_top_k * model.moe_capacity_factor
+        replicated += fp8 * h * _separate_norms(model, moe)
+    if "moe_act" in modules and moe:
+        sharded += fp8 * model.moe_ffn_hidden_size * routed_copies(model)
     if "mla_up_proj" in modules and model.kv_lora_rank is not None:
         q_width, kv_width = model.n_heads * model.head_dim, model.n_kv_heads * model.head_dim
         sharded += e * (q_width + kv_width + model.n_kv_heads * model.v_width)
@@ -75,7 +79,7 @@ def selective_replay_s(
     act = ACTIVATIONS[model.activation].passes + (3 if model.gated_mlp else 0)
     n_in = 2 if model.gated_mlp else 1
     if "layernorm" in modules:
-        t += 2 * e * h * m * ((1 if moe else 0) + (1 if model.kv_lora_rank is not None else 0)) / hbm
+        t += 2 * e * h * m * _separate_norms(model, moe) / hbm
     if "moe_act" in modules and moe:
         p = experts or ExpertPlacement()
         t += act * e * expert_rows(model, m, p) * model.moe_ffn_hidden_size / p.etp / hbm
