@@ -29,6 +29,7 @@ Usage: python benchmarks/published_moe.py
 from __future__ import annotations
 
 import re
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -165,11 +166,17 @@ def generation(row: dict) -> str:
 
 
 def summary(rows: list[dict]) -> list[str]:
-    """Per GPU generation and over all rows: runs, median |ratio − 1|, the worst, and the range of ratios."""
-    return [
+    """Per GPU generation and over all rows: runs, median |ratio − 1|, the worst, and the range of ratios; then
+    the median ratio of the rows with and without the full-iteration CUDA graph (the newest recipes), where
+    the misses part."""
+    lines = [
         error_line(group, [r["ratio"] for r in rows if group in ("all", r["group"])])
         for group in ("Hopper", "Blackwell", "all")
     ]
+    for label, graphed in (("with --cuda-graphs", True), ("without", False)):
+        ratios = [r["ratio"] for r in rows if ("--cuda-graphs" in r["args"]) is graphed]
+        lines.append(f"{label}: {len(ratios)} runs, median ratio ×{statistics.median(ratios):.2f}")
+    return lines
 
 
 def main() -> int:
