@@ -127,6 +127,30 @@ def test_delayed_scaling_reads_each_tensor_once_and_writes_two_fp8_copies() -> N
     assert (t.forward_bytes, t.backward_bytes, t.per_step_bytes) == (100 * 30 * 4, 100 * 50 * 4, 30 * 50 * 4)
 
 
+def test_current_scaling_reads_each_tensor_twice_amax_then_cast() -> None:
+    """TE's Float8CurrentScaling: "requires reading the tensor twice" (an amax pass, then the cast), so 2e + 2
+    bytes per element and two kernels per cast; weights cast once per step and copies kept, as delayed."""
+    x = [Linear(100, 30, 50, 30 * 50)]
+    t, d = cast_traffic(x, 2, "current"), cast_traffic(x, 2, "delayed")
+    assert (t.forward_bytes, t.backward_bytes) == (100 * 30 * 6, 100 * 50 * 6)
+    assert (t.forward_kernels, t.backward_kernels) == (2, 2) and t.per_step_bytes == 30 * 50 * 6
+    assert t.forward_bytes == 1.5 * d.forward_bytes
+    m, c = load_model("qwen3-30b-a3b"), load_cluster("dgx-h100", {"nodes": 2})
+    est = {
+        s: estimate(
+            m,
+            c,
+            resolve_layout(
+                m, c, LayoutRequest(ep=16, etp=1, precision="fp8", fp8_scaling=s, fused_kernels=True)
+            ),
+        )
+        for s in ("delayed", "current")
+    }
+    assert est["current"].layout.fp8_recipe == "current"
+    assert est["current"].time.compute_s > est["delayed"].time.compute_s
+    assert est["current"].memory.fp8_weight_copies == est["delayed"].memory.fp8_weight_copies > 0
+
+
 def test_eager_torchao_casts_move_33_bytes_per_element_six_times_per_linear() -> None:
     m, k, n = 100, 30, 50
     t = cast_traffic([Linear(m, k, n, k * n)], 2, "tensorwise")

@@ -65,6 +65,11 @@ CASES: dict[str, list[str]] = {
         "--model", "qwen3-30b-a3b", "--cluster", "dgx-b200", "--ep", "8", "--etp", "1", "--precision", "nvfp4",
         "--moe-dispatcher", "hybridep", "--zero-stage", "1", "--global-batch", "256",
     ],
+    "qwen3-30b-fp8-current-scaling-hybridep": [
+        "--model", "qwen3-30b-a3b", "--cluster", "dgx-h100", "--nodes", "2", "--ep", "16", "--etp", "1",
+        "--precision", "fp8", "--fp8-scaling", "current", "--moe-dispatcher", "hybridep", "--zero-stage", "1",
+        "--global-batch", "1024",
+    ],
     "qwen3-30b-ep-overlap-balanced": [
         "--model", "qwen3-30b-a3b", "--cluster", "dgx-h100", "--nodes", "4", "--pp", "2", "--virtual-stages", "2",
         "--ep", "8", "--etp", "1", "--ep-comm-overlap", "--moe-routing", "balanced", "--zero-stage", "1",
@@ -241,7 +246,8 @@ def test_arguments_are_megatron_lm_flags_with_the_plans_values(tmp_path, case) -
     precision = given(flags, "--precision", "bf16")
     assert ns.bf16 is (precision not in ("fp16", "fp32")) and ns.fp16 is (precision == "fp16")
     assert ns.transformer_impl == "transformer_engine"
-    fp8 = {"fp8": ("hybrid", "delayed"), "mxfp8": ("e4m3", "mxfp8")}.get(precision, (None, None))
+    scaling = "tensorwise" if given(flags, "--fp8-scaling", "delayed") == "current" else "delayed"
+    fp8 = {"fp8": ("hybrid", scaling), "mxfp8": ("e4m3", "mxfp8")}.get(precision, (None, None))
     assert (ns.fp8_format, ns.fp8_recipe) == fp8
     assert (ns.fp4_format, ns.fp4_recipe) == (("e2m1", "nvfp4") if precision == "nvfp4" else (None, None))
     recompute = given(flags, "--recompute", "none")

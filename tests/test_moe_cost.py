@@ -110,18 +110,19 @@ def test_flex_dispatchers_send_a_token_once_per_rank() -> None:
     assert ratio < 0.75  # 4.6 rows instead of 7, at the same NVLink all-to-all bandwidth, plus latency
 
 
-def test_deepep_sends_a_token_once_per_domain_and_fp8_forward() -> None:
+def test_deepep_sends_a_token_once_per_domain_in_bf16_even_in_fp8_runs() -> None:
     """Top-8 routing over 4 nodes: NCCL's all-to-all moves each of the 8 copies, DeepEP each token once per
-    domain it reaches; in an fp8 run its forward dispatch moves FP8 rows."""
+    domain it reaches. Megatron-Core hands DeepEP and HybridEP its bf16 hidden states (HybridEP asserts "does
+    not support fp8 dispatch"): an fp8 run's dispatch moves what a bf16 run's does."""
     m, c = load_model("deepseek-v3-671b"), load_cluster("dgx-h100", {"nodes": 32})
-    base = dict(tp=1, pp=8, ep=32, etp=1, precision="fp8", **MCORE)
+    base = dict(tp=1, pp=8, ep=32, etp=1, **MCORE)
     times = {}
     for d in ("alltoall", "deepep"):
-        lay = resolve_layout(m, c, LayoutRequest(moe_dispatcher=d, **base))
-        times[d] = moe.moe_comm_s(m, c, lay, 1, 2)
-    assert times["deepep"] < 0.7 * times["alltoall"]
-    lay = resolve_layout(m, c, LayoutRequest(moe_dispatcher="deepep", **base))
-    assert moe.dispatch_bytes_per_element(lay, 2) == (moe.FP8_DISPATCH_BYTES, 2.0)
+        for precision in ("bf16", "fp8"):
+            lay = resolve_layout(m, c, LayoutRequest(moe_dispatcher=d, precision=precision, **base))
+            times[d, precision] = moe.moe_comm_s(m, c, lay, 1, 2)
+    assert times["deepep", "bf16"] < 0.7 * times["alltoall", "bf16"]
+    assert times["deepep", "fp8"] == times["deepep", "bf16"]
 
 
 def test_ep_overlap_hides_some_of_the_all_to_alls_not_all() -> None:

@@ -337,6 +337,14 @@ RULE_CASES = [
         r"Transformer Engine's TransformerLayer\) cannot run llama-7b as planned: RMSNorm or a gated MLP",
     ),
     (
+        "fp8_scaling_needs_transformer_engine",
+        "llama-7b",
+        "dgx-h100",
+        {},
+        dict(precision="fp8", fp8_scaling="delayed", zero_stage=1),
+        r"--fp8-scaling: Transformer Engine's scaling in Megatron's fused blocks",
+    ),
+    (
         "megatron_core_kernels_are_fused",
         "llama-7b",
         "dgx-h100",

@@ -14,8 +14,9 @@ megatron/training/arguments.py, TC = megatron/core/transformer/transformer_confi
 - `--comm-overlap`: `--overlap-grad-reduce`, with the distributed optimizer `--overlap-param-gather` (it needs
   both, A:1024-1029), and with TP and sequence parallelism `--tp-comm-overlap` (A:1441-1442).
 - fp8 is `--fp8-format hybrid` (E4M3 forward, E5M2 backward) with the recipe dstk priced (`delayed`, with
-  Transformer Engine's own amax defaults 1024 / max as the Megatron-DeepSpeed target writes them, or
-  `tensorwise`); mxfp8 `--fp8-format e4m3 --fp8-recipe mxfp8` (TE's MXFP8BlockScaling format); nvfp4
+  Transformer Engine's own amax defaults 1024 / max as the Megatron-DeepSpeed target writes them, or with
+  `--fp8-scaling current` Megatron's `tensorwise`, TE's Float8CurrentScaling, megatron/core/fp8_utils.py);
+  mxfp8 `--fp8-format e4m3 --fp8-recipe mxfp8` (TE's MXFP8BlockScaling format); nvfp4
   `--fp4-format e2m1 --fp4-recipe nvfp4`. Megatron's default recipe is `delayed` (TC:594), so it is always given.
 - `--cuda-graphs` is `--cuda-graph-impl full_iteration` with `--no-check-for-nan-in-loss-and-grad` (dense
   models; `check_layout` says why not MoE ones).
@@ -92,7 +93,8 @@ def _precision_args(layout: Layout) -> list[str]:
     if layout.precision != "fp32":
         args.append(f"--{engine_precision(layout.precision)}")
     if layout.precision == "fp8":
-        args += ["--fp8-format", "hybrid", "--fp8-recipe", layout.fp8_recipe or "delayed"]
+        recipe = "tensorwise" if layout.fp8_recipe == "current" else "delayed"
+        args += ["--fp8-format", "hybrid", "--fp8-recipe", recipe]
         if layout.fp8_recipe == "delayed":
             args += ["--fp8-amax-history-len", "1024", "--fp8-amax-compute-algo", "max"]
     elif layout.precision == "mxfp8":

@@ -191,8 +191,9 @@ def _precision_line(best: Candidate, search: Any) -> str:
         return f"Precision fp8: no layout fits in {default}."
     fp8, other = pick(by["fp8"]), pick(by[default])
     assert fp8.estimate is not None and other.estimate is not None
+    recipe = fp8.layout.fp8_recipe
     runtime = (
-        "Transformer Engine, delayed scaling" if fp8.layout.fp8_recipe == "delayed" else "torchao.float8"
+        f"Transformer Engine, {recipe} scaling" if recipe in ("delayed", "current") else "torchao.float8"
     )
     extra = fp8.estimate.memory.total - other.estimate.memory.total
     versus = (

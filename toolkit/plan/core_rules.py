@@ -35,6 +35,7 @@ def core_only(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | 
         (r.ep_comm_overlap, "--ep-comm-overlap (--overlap-moe-expert-parallel-comm)"),
         (r.pipeline_layout is not None, "--pipeline-layout"),
         (r.cuda_graphs, "--cuda-graphs (--cuda-graph-impl full_iteration)"),
+        (r.fp8_scaling == "current", "--fp8-scaling current (--fp8-recipe tensorwise)"),
         (m.mtp_layers > 0, f"mtp_layers: {m.mtp_layers} (multi-token prediction)"),
     ]
     named = [what for hit, what in found if hit]
@@ -245,5 +246,21 @@ def core_kernels_fused(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) 
         return (
             "--no-fused-kernels: Megatron-Core runs Transformer Engine's fused norms and Megatron's fused "
             "bias-activation and RoPE kernels; drop the flag"
+        )
+    return None
+
+
+def fp8_scaling_needs_te(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int) -> str | None:
+    """`--fp8-scaling` picks Transformer Engine's recipe for `--precision fp8`, which Megatron's fused blocks
+    run (`--fused-kernels` without `--fsdp`); dstk train's HF modules and PyTorch FSDP runs cast with
+    torchao.float8, which scales each tensor from its own amax anyway."""
+    if r.fp8_scaling is None:
+        return None
+    if r.precision != "fp8":
+        return f"--fp8-scaling: the scaling of --precision fp8's casts; got --precision {r.precision or 'default'}"
+    if not r.fused_kernels or r.fsdp is not None:
+        return (
+            "--fp8-scaling: Transformer Engine's scaling in Megatron's fused blocks (--fused-kernels without "
+            "--fsdp); dstk train and PyTorch FSDP runs cast with torchao.float8 (tensorwise, current scaling)"
         )
     return None

@@ -59,6 +59,7 @@ LAYOUT_FLAGS: dict[str, str] = {
     "offload_param": "--offload-param",
     "offload_activations": "--offload-activations",
     "precision": "--precision",
+    "fp8_scaling": "--fp8-scaling",
     "optimizer": "--optimizer",
     "tp_sequence_parallel": "--tp-sequence-parallel",
     "tp_vocab_parallel": "--tp-vocab-parallel",
@@ -116,15 +117,14 @@ class LayoutRequest(BaseModel):
     """With --recompute full: the checkpoint stops recomputing a block once every tensor its backward needs is
     back, so each block's last linear layer (the MLP's down projection; its output only feeds the residual
     add) is not recomputed. PyTorch's non-reentrant checkpoint does this by default since 2.1 (pytorch#96866:
-    the pack hook that holds the last saved tensor — an input of that GEMM, saved before the kernel runs —
-    stops the recomputation), and it is what HF models (transformers 5), llm-foundry, torchtitan until 2025-08
-    and fms-fsdp run. Not with dropout after that layer (its mask is saved after the GEMM), MoE blocks (the
-    router weights multiply the experts' output), a LoRA adapter on the down projection, or torchao's
-    Float8Linear (an autograd.Function saves after its GEMM). Off: reentrant checkpoints (Megatron's,
-    DeepSpeed's, HF transformers 4's default) recompute the whole block. Unset: on for --fsdp and for dstk train's HF modules (not --fused-kernels),
-    except with --pp or --offload-activations (DeepSpeed's reentrant checkpoint) and at ZeRO-3, where
-    DeepSpeed's `memory_efficient_linear` makes every linear layer an autograd.Function that saves after its
-    GEMM; off for the fused stacks (--fused-kernels without --fsdp: Megatron, NeMo) and --target megatron."""
+    the pack hook holding the last saved tensor, an input of that GEMM, stops the recomputation), as HF
+    models (transformers 5), llm-foundry, torchtitan until 2025-08 and fms-fsdp run it. Not with dropout after
+    that layer (its mask is saved after the GEMM), MoE blocks (the router weights multiply the experts'
+    output), a LoRA adapter on the down projection, or torchao's Float8Linear (an autograd.Function saves
+    after its GEMM). Off: reentrant checkpoints (Megatron's, DeepSpeed's, HF transformers 4's) recompute the
+    whole block. Unset: on for --fsdp and dstk train's HF modules, except with --pp or --offload-activations
+    (DeepSpeed's reentrant checkpoint) and at ZeRO-3 (DeepSpeed's `memory_efficient_linear` saves after each
+    GEMM); off for the fused stacks (--fused-kernels without --fsdp: Megatron, NeMo) and --target megatron."""
     offload_optimizer: OffloadDevice = "none"
     """Where ZeRO keeps optimizer states (ZeRO-Offload / ZeRO-Infinity)."""
     offload_param: OffloadDevice = "none"
@@ -140,6 +140,10 @@ class LayoutRequest(BaseModel):
     nvfp4: the same with Transformer Engine's MXFP8BlockScaling / NVFP4BlockScaling recipes (Megatron-Core's
     `--fp8-recipe mxfp8`, `--fp4-recipe nvfp4`), on GPUs with those tensor cores (Blackwell; MXFP8 also
     AMD CDNA4); `dstk estimate` prices them, neither runtime dstk configures runs them."""
+    fp8_scaling: Literal["delayed", "current"] | None = None
+    """With --precision fp8 on Megatron's fused stack, Transformer Engine's scaling: `delayed` (DelayedScaling,
+    amax history; the default, Megatron-DeepSpeed's only) or `current` (Float8CurrentScaling, Megatron-Core's
+    `--fp8-recipe tensorwise`, NVIDIA's fp8_cs recipes: each cast reads its tensor twice, amax then cast)."""
     optimizer: Optimizer = "adamw"
     """AdamW, or dstk's 1-bit Adam / 0/1 Adam (compressed communication, ZeRO stage 0 only)."""
     tp_sequence_parallel: bool = False
@@ -179,7 +183,7 @@ class LayoutRequest(BaseModel):
     moe_dispatcher: Literal["alltoall", "allgather", "deepep", "hybridep"] | None = None
     """How tokens reach their experts (Megatron-Core's `--moe-token-dispatcher-type`): NCCL all-to-all
     (`alltoall`), all-gather then reduce-scatter over the expert group (`allgather`), or the flex dispatcher's
-    DeepEP / HybridEP kernels, which move FP8 tokens in fp8 runs. Unset: all-to-all."""
+    DeepEP / HybridEP kernels. Unset: all-to-all."""
     moe_routing: Literal["natural", "balanced"] = "natural"
     """How the router spreads tokens over the expert-parallel ranks; the slowest rank sets the pace.
     `balanced`: Megatron-Core's `--moe-router-force-load-balancing`, as NVIDIA's published MoE benchmarks run:
@@ -213,8 +217,7 @@ class LayoutRequest(BaseModel):
     (BACKWARD_POST, MosaicML composer's default) issues it after, so the gather waits for that computation and
     the next block's computation waits for the gather: every backward all-gather is exposed, only the
     reduce-scatters overlap the next block's computation (torch.distributed.fsdp.BackwardPrefetch: "any
-    collectives, even if issued from different streams, contend for the same per-device NCCL stream").
-    Unset: `pre`."""
+    collectives, even if issued from different streams, contend for the same per-device NCCL stream"). Unset: pre."""
     lora: str | None = None
     """LoRA fine-tuning, e.g. `r=16,alpha=32[,dropout=0.05][,targets=q_proj+v_proj]`: adapters train, the
     base weights are frozen (no gradients or optimizer states for them); see toolkit/plan/lora.py."""
@@ -249,17 +252,17 @@ class Layout(LayoutRequest):
         return BYTES_PER_ELEMENT[self.precision]
 
     @property
-    def fp8_recipe(self) -> Literal["delayed", "tensorwise", "mxfp8", "nvfp4"] | None:
+    def fp8_recipe(self) -> Literal["delayed", "current", "tensorwise", "mxfp8", "nvfp4"] | None:
         """How the linear layers' GEMMs get their narrow operands (None: a bf16/fp16/fp32 layout): Transformer
-        Engine's delayed scaling in Megatron-DeepSpeed's fused blocks, torchao.float8's dynamic tensorwise
-        scaling in the eager HF modules dstk train runs and in PyTorch FSDP runs (torchtitan; compiled with
-        --fused-kernels); for mxfp8 and nvfp4 Transformer Engine's block-scaled recipe of that name, whatever
-        the runtime. toolkit/plan/cost/fp8.py prices them."""
+        Engine's delayed or current scaling (`fp8_scaling`) in Megatron's fused blocks, torchao.float8's dynamic
+        tensorwise scaling in the eager HF modules dstk train runs and in PyTorch FSDP runs (torchtitan;
+        compiled with --fused-kernels); for mxfp8 and nvfp4 Transformer Engine's block-scaled recipe of that
+        name, whatever the runtime. toolkit/plan/cost/fp8.py prices them."""
         if self.precision in ("mxfp8", "nvfp4"):
             return self.precision
         if self.precision != "fp8":
             return None
-        return "delayed" if self.megatron_stack else "tensorwise"
+        return (self.fp8_scaling or "delayed") if self.megatron_stack else "tensorwise"
 
     @property
     def megatron_stack(self) -> bool:

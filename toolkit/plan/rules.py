@@ -300,6 +300,7 @@ RULES: tuple[Rule, ...] = (
     Rule("pipeline_layout_fits", core_rules.layout_fits),
     Rule("etp_and_dispatcher_need_moe", core_rules.etp_needs_moe),
     Rule("ep_comm_overlap_needs", core_rules.ep_overlap_needs),
+    Rule("fp8_scaling_needs_transformer_engine", core_rules.fp8_scaling_needs_te),
     Rule("megatron_core_runs_zero1_adamw", core_rules.core_runs, scope="megatron-core"),
     Rule("fsdp_shards_as_zero2_or_3", _fsdp_shards_as_zero),
     Rule("pytorch_fsdp_runtime_only", _pytorch_fsdp_only, scope="runs"),

@@ -19,6 +19,13 @@ Two recipes, one per runtime dstk writes for (`Layout.fp8_recipe`):
   per element, for each linear input in forward and each output gradient in backward; the weights once per
   optimizer step, their FP8 copies (rowwise + columnwise, 2 bytes per weight) kept between micro-batches.
   The amaxes are all-reduced over the data-parallel group after forward and after backward (`reduce_amax`).
+- `current` — Megatron-Core's `--fp8-recipe tensorwise`, TE's Float8CurrentScaling (NVIDIA's Megatron-Bridge
+  fp8_cs recipes): one FP32 scale per tensor from that tensor's own amax, so "Quantization is a memory-bound
+  operation that requires reading the tensor twice: First read: compute amax ... Second read: apply the
+  scaling factor and cast to FP8" (fp8_current_scaling.rst @d0067d0): 2e + 2 bytes per element on Hopper
+  (rowwise and transposed copies), two kernels per cast. Weights, the saved FP8 input and the FP8 weight
+  copies as in `delayed`; no amax history and no data-parallel amax all-reduce (tensors gathered for
+  sequence parallelism all-reduce one amax over TP before the cast: a latency, left out).
 - `tensorwise` — `dstk train` swaps the HF model's nn.Linear for torchao.float8's Float8Linear (dynamic
   tensorwise scaling) and runs it eagerly (no torch.compile, which would fuse the casts). Read from torchao
   0.18.0: each cast is `torch.max(torch.abs(x))`, a scale, then `x.to(float32) * scale`, a clamp and `.to(fp8)`
@@ -78,7 +85,10 @@ from typing import Literal
 
 from toolkit.plan.specs import ClusterSpec
 
-Recipe = Literal["delayed", "tensorwise", "mxfp8", "nvfp4"]
+Recipe = Literal["delayed", "current", "tensorwise", "mxfp8", "nvfp4"]
+
+TE_TENSORWISE: dict[str, int] = {"delayed": 1, "current": 2}
+"""Transformer Engine's per-tensor recipes and how often each cast reads the bf16 tensor (module docstring)."""
 
 TE_COPIES = 2
 """FP8 copies TE writes per cast on Hopper/Ada: rowwise and the physically transposed columnwise one (and,
@@ -115,8 +125,9 @@ def operand_bytes(recipe: Recipe) -> float:
 
 def saved_input_bytes(recipe: Recipe | None) -> float:
     """Bytes per element of the copy of a linear layer's input that Transformer Engine saves for Wgrad (0: the
-    runtime saves its bf16 input): the FP8 one in `delayed`, the columnwise block-scaled one in mxfp8/nvfp4."""
-    if recipe == "delayed":
+    runtime saves its bf16 input): the FP8 one in `delayed`/`current`, the columnwise block-scaled one in
+    mxfp8/nvfp4."""
+    if recipe in TE_TENSORWISE:
         return 1.0
     return BLOCK_SCALED[recipe].element_bytes if recipe in BLOCK_SCALED else 0.0
 
@@ -200,9 +211,11 @@ def cast_traffic(linears: list[Linear], e: int, recipe: Recipe, compiled: bool =
         cast = fmt.reads * e + TE_COPIES * fmt.element_bytes
         n = fmt.reads * len(linears)
         return CastTraffic(inputs * cast, grads * cast, n, n, weights * cast)
+    if recipe in TE_TENSORWISE:
+        reads = TE_TENSORWISE[recipe]
+        cast, n = reads * e + TE_COPIES, reads * len(linears)
+        return CastTraffic(inputs * cast, grads * cast, n, n, weights * cast)
     cast = e + TE_COPIES
-    if recipe == "delayed":
-        return CastTraffic(inputs * cast, grads * cast, len(linears), len(linears), weights * cast)
     if compiled:
         return CastTraffic((inputs + weights) * cast, grads * cast, 2 * len(linears), len(linears))
     c, n = EAGER_CAST_BYTES, len(linears)
@@ -222,7 +235,7 @@ def weight_copies_bytes(linears: list[Linear], blocks: int, recipe: Recipe | Non
     with their scales in mxfp8/nvfp4); torchao casts afresh and keeps none."""
     if recipe in BLOCK_SCALED:
         return blocks * TE_COPIES * BLOCK_SCALED[recipe].element_bytes * sum(x.weights for x in linears)
-    if recipe != "delayed":
+    if recipe not in TE_TENSORWISE:
         return 0.0
     return blocks * TE_COPIES * sum(x.weights for x in linears)
 

@@ -34,8 +34,10 @@ backward their gradients — 4 all-to-alls of rows·h elements, 6 when full reco
   HybridEP): a token bound for several experts in another NVLink domain crosses the network once per domain and
   is fanned out over NVLink there, so the NIC carries tokens × (distinct domains per token) rows instead of
   tokens × top-k × (remote share) — DeepEP's published "RDMA bandwidth" counts the token's own domain among
-  them, and is what the kernels sustain on that count; in fp8, mxfp8 and nvfp4 runs the forward dispatch moves FP8 rows
-  (1 byte + a 4-byte scale per 128 values; the combine and both gradients stay bf16, DeepEP README). Bandwidth:
+  them, and is what the kernels sustain on that count. The rows move in the activations' dtype in every run,
+  FP8 ones included: DeepEP can dispatch FP8 rows (its README), but Megatron-Core passes its bf16 hidden
+  states (fused_a2a.py `FusedDispatch`) and HybridEP refuses FP8 ("HybridEP dispatcher does not support fp8
+  dispatch now", `init_hybrid_ep_buffer` @ d98e8a64); TE quantizes inside GroupedLinear, after. Bandwidth:
   NVLink at the cluster's all-to-all figure for HybridEP (its kernel-only BF16 dispatch on B200 735 GB/s, on
   GB200 612-764 GB/s from 8 to 36 ranks) and at most DEEPEP_SMS × DEEPEP_GB_PER_S_PER_SM for DeepEP (153 GB/s
   on H800's ~160, 420-494 GB/s on B200; DeepEP docs/legacy.md and README_Hybrid-EP.md), the network at the NIC's
@@ -53,8 +55,6 @@ from toolkit.plan.cost import comm
 from toolkit.plan.layout import Layout
 from toolkit.plan.specs import ClusterSpec, ModelSpec
 
-FP8_DISPATCH_BYTES = 1 + 4 / 128
-"""Bytes per element of a DeepEP/HybridEP FP8 dispatch: an E4M3 byte and one fp32 scale per 128 channels."""
 DEEPEP_SMS = 20
 """SMs DeepEP's normal (training) kernels run on: `Buffer.num_sms` by default (deep_ep/buffer.py @ 2be0d4f);
 "only 20 SMs are sufficient to fully utilize the bandwidths of IB and NVLink" on H800 (DeepSeek-V3 report
@@ -203,14 +203,6 @@ def dispatch_s(
     return max(nvlink, network) + comm.ring_latency_s(g, cluster)
 
 
-def dispatch_bytes_per_element(layout: Layout, e: int) -> tuple[float, float]:
-    """(forward dispatch, every other call) bytes per element: DeepEP/HybridEP move FP8 rows forward in runs
-    whose GEMMs take FP8 (or narrower) inputs."""
-    fp8_run = layout.fp8_recipe is not None
-    flex = (layout.moe_dispatcher or "alltoall") in ("deepep", "hybridep")
-    return (FP8_DISPATCH_BYTES if fp8_run and flex else float(e)), float(e)
-
-
 def moe_comm_s(model: ModelSpec, cluster: ClusterSpec, layout: Layout, blocks: int, e: int) -> float:
     """The expert all-to-alls (and ETP gathers) of `blocks` MoE blocks for one micro-batch on one rank."""
     if blocks <= 0 or not model.is_moe:
@@ -219,12 +211,9 @@ def moe_comm_s(model: ModelSpec, cluster: ClusterSpec, layout: Layout, blocks: i
     m = layout.micro_batch_size * model.seq_length / layout.sp
     tokens = m / p.token_split
     rows = dispatched_rows(model, m, p) * p.imbalance
-    first, other = dispatch_bytes_per_element(layout, e)
     reruns = 2 if layout.recompute == "full" else 0
-    per_block = dispatch_s(model, cluster, layout, rows, first, tokens)
-    per_block += (DISPATCHES["forward"] + DISPATCHES["backward"] - 1 + reruns) * dispatch_s(
-        model, cluster, layout, rows, other, tokens
-    )
+    calls = DISPATCHES["forward"] + DISPATCHES["backward"] + reruns
+    per_block = calls * dispatch_s(model, cluster, layout, rows, e, tokens)
     if p.etp > 1:
         etp = comm.group(p.etp, 1, cluster)
         gathered = rows * p.etp * model.hidden_size * e
