@@ -17,8 +17,8 @@ Each row is priced as its stack runs, from the recipe (no per-row constant):
   it), Megatron's sequence parallelism and vocabulary-parallel embedding with TP, context parallelism as `--sp`,
   the recipe's dispatcher (`--moe-dispatcher`), EP communication overlap (`--ep-comm-overlap`), force-balanced
   routing ("In MoE training benchmarks, we force-balance the token distribution among experts", the summary's
-  footnote), the recipe's pipeline layout and multi-token-prediction layers, FP8 with per-tensor scaling
-  (`--precision fp8`), MXFP8 and NVFP4 as TE's block-scaled recipes, and the full-iteration CUDA graph of the
+  footnote), the recipe's pipeline layout and multi-token-prediction layers, FP8 with per-tensor current scaling
+  (`--precision fp8 --fp8-scaling current`, Bridge's fp8_cs), MXFP8 and NVFP4 as TE's block-scaled recipes, and the full-iteration CUDA graph of the
   newest recipes (`--cuda-graphs`), and the recipe's recomputed modules (`--recompute-modules`).
 - torchtitan: PyTorch FSDP2 (`--fsdp fp32 --zero-stage 3`, gradients reduced in fp32, torchtitan's default),
   torch.compile (`--fused-kernels`), SDPA's flash attention, expert parallelism inside the FSDP ranks, DeepEP
@@ -142,6 +142,7 @@ def flags(row: dict, models: Path) -> list[str]:
         return out
     out += ["--micro-batch", str(lay["micro_batch"]), "--global-batch", str(lay["global_batch"])]
     out += ["--fused-kernels", "--flash-attention", "--attention-efficiency", "0.55", "--zero-stage", "1"]
+    out += ["--fp8-scaling", "current"] if row["precision"] == "fp8-current" else []  # Bridge's fp8_cs
     out += ["--comm-overlap", "--etp", str(lay.get("etp") or 1)]
     if tp > 1:
         out += ["--tp-sequence-parallel", "--tp-vocab-parallel"]
