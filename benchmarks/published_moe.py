@@ -23,11 +23,14 @@ Each row is priced as its stack runs, from the recipe (no per-row constant):
 - torchtitan: PyTorch FSDP2 (`--fsdp fp32 --zero-stage 3`, gradients reduced in fp32, torchtitan's default),
   torch.compile (`--fused-kernels`), SDPA's flash attention, expert parallelism inside the FSDP ranks, DeepEP
   where the row says so, full activation checkpointing where it was on.
-Usage: python benchmarks/published_moe.py
+Usage: python benchmarks/published_moe.py [--kernel-launch-us US]
+`--kernel-launch-us` reprices every row with that host cost per kernel (the cluster presets' 5 µs otherwise): a
+sensitivity check of the host-issue floor, printed only, not recorded.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
 import statistics
 import sys
@@ -41,6 +44,7 @@ from benchmarks.published_runs import error_line, estimate_json, write_report
 
 DATA = Path(__file__).resolve().parent / "data" / "published_moe.yaml"
 PRESETS = Path(__file__).resolve().parents[1] / "toolkit" / "plan" / "presets" / "models"
+CLUSTER_PRESETS = PRESETS.parent / "clusters"
 CLUSTERS = {
     "GB200": "gb200-nvl72",
     "GB300": "gb300-nvl72",
@@ -117,15 +121,20 @@ def dispatcher(row: dict) -> str | None:
     return "alltoall" if text else None
 
 
-def flags(row: dict, models: Path) -> list[str]:
-    """`dstk estimate` flags that describe the row's run (module docstring)."""
+def flags(row: dict, models: Path, launch_us: float | None = None) -> list[str]:
+    """`dstk estimate` flags that describe the row's run (module docstring); with `launch_us`, the cluster is its
+    preset with that `kernel_launch_us`, written beside the model files."""
     lay = row["layout"]
     gpu = next(k for k in sorted(CLUSTERS, key=len, reverse=True) if row["gpu"].startswith(k))
     cluster = CLUSTERS[gpu]
+    if launch_us is not None:
+        spec = yaml.safe_load((CLUSTER_PRESETS / f"{cluster}.yaml").read_text())
+        (models / f"{cluster}.yaml").write_text(yaml.safe_dump({**spec, "kernel_launch_us": launch_us}))
     model, spec = row_model(row, models)
     tp, pp, vp, cp, ep = (lay.get(k) or 1 for k in ("tp", "pp", "vp", "cp", "ep"))
     per_node = min(row["gpus"], GPUS_PER_NODE[cluster])  # the torchao rows ran on 4 GPUs of one node
-    out = ["--model", model, "--cluster", cluster, "--nodes", str(row["gpus"] // per_node)]
+    where = str(models / f"{cluster}.yaml") if launch_us is not None else cluster
+    out = ["--model", model, "--cluster", where, "--nodes", str(row["gpus"] // per_node)]
     out += ["--gpus-per-node", str(per_node)] if per_node != GPUS_PER_NODE[cluster] else []
     out += ["--precision", PRECISION[row["precision"]], "--tp", str(tp), "--pp", str(pp), "--ep", str(ep)]
     out += ["--sp", str(cp)] if cp > 1 else []
@@ -180,12 +189,19 @@ def summary(rows: list[dict]) -> list[str]:
     return lines
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--kernel-launch-us", type=float, metavar="US", help="reprice with this host cost per kernel"
+    )
+    launch_us = parser.parse_args(argv).kernel_launch_us
+    if launch_us is not None and launch_us < 0:
+        parser.error(f"--kernel-launch-us: a host cost per kernel in microseconds, >= 0; got {launch_us:g}")
     data = yaml.safe_load(DATA.read_text())
     models = Path(tempfile.mkdtemp(prefix="dstk-published-moe-"))
     rows = []
     for row in data["rows"]:
-        args = flags(row, models)
+        args = flags(row, models, launch_us)
         est = estimate_json(args, row["id"])
         value = est["tokens_per_s"] / est["layout"]["world_size"]
         published = row["tokens_per_s_per_gpu"]
@@ -211,6 +227,9 @@ def main() -> int:
             f"{est['memory_per_gpu_bytes']['total'] / 2**30:6.1f} GiB  compute {b['compute']:.2f} bubble "
             f"{b['pipeline_bubble']:.2f} mp {b['model_parallel_comm']:.2f} dp {b['data_parallel_comm']:.2f}  {row['id']}"
         )
+    if launch_us is not None:  # a what-if, not the record
+        print(f"kernel_launch_us {launch_us:g} on every cluster:", *summary(rows), sep="\n")
+        return 0
     write_report(
         "published_moe",
         [{**r, "group": r["group"]} for r in rows],
