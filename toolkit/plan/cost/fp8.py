@@ -10,7 +10,7 @@ the LM head, the embedding, routers and the loss stay bf16, as TE's TransformerL
 torchao filter (the LM head left out) leave them. Weights, gradients, optimizer states and the activations
 between ops stay bf16, so model states, ZeRO traffic and the optimizer cost what a bf16 run's do.
 
-Two recipes, one per runtime dstk writes for (`Layout.fp8_recipe`):
+Per-tensor recipes, by the runtime that casts (`Layout.fp8_recipe`):
 - `delayed` — Megatron-DeepSpeed's `--transformer-impl transformer_engine` builds TE's DelayedScaling with the
   data-parallel group as `fp8_group` and passes `is_first_microbatch` (megatron/model/transformer.py:1715-1731,
   2067-2077 @ f1feb88). A cast reads the bf16 tensor once ("other recipes ... typically require only a single
