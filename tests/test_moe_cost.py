@@ -7,9 +7,10 @@ import math
 
 import pytest
 
-from toolkit.plan.cost import moe
+from toolkit.plan.cost import gemm, moe
 from toolkit.plan.cost.compute import block_linears
 from toolkit.plan.cost.estimate import estimate, stage_memories
+from toolkit.plan.cost.fp8 import Linear
 from toolkit.plan.layout import LayoutRequest
 from toolkit.plan.load import load_cluster, load_model
 from toolkit.plan.rules import resolve_layout
@@ -227,3 +228,26 @@ def test_an_fp8_moe_block_keeps_its_dispatched_tokens_as_the_grouped_gemm_saves_
     assert act.block_bytes(m, **hf, fp8_inputs=0) - act.block_bytes(m, **hf, fp8_inputs=x) == pytest.approx(
         (per_token - (2 - x) * h * routed) * m.seq_length, rel=1e-12
     )  # HF's experts are no linear layers torchao converts: their dispatched tokens stay bf16
+
+
+def test_megatron_cores_experts_share_the_waves_four_gemms_at_a_time() -> None:
+    """Transformer Engine's GroupedLinear issues one cuBLAS GEMM per local expert over its 4 compute streams, so
+    only 4 experts' tiles share the GPU's waves; one grouped kernel (torch._grouped_mm) lets all of them. 16
+    experts of 2,048 rows × 1,536 on a 148-SM B200: 1,536 tiles of 128×256 fill 10.4 waves together, 384 of 4
+    experts 2.6 waves (11 against 3 rounded up)."""
+    m, c = load_model("qwen3-30b-a3b"), load_cluster("dgx-b200")
+    folded, deepspeed = (
+        moe.placement(m, resolve_layout(m, c, LayoutRequest(ep=8, etp=etp, **MCORE))) for etp in (1, None)
+    )
+    assert (folded.gemm_streams, deepspeed.gemm_streams) == (moe.TE_COMPUTE_STREAMS, None)
+    assert [x.in_flight for x in block_linears(m, 4096, 1, True, experts=folded)[2:]] == [4, 4]
+    assert [x.in_flight for x in block_linears(m, 4096, 1, True, experts=deepspeed)[2:]] == [None, None]
+    shares = [gemm.quantization_efficiency(2048, 1536, 148, g) for g in (16, 4)]
+    assert shares[1] < 0.9 * shares[0]
+    t = [
+        gemm.linear_s(
+            Linear(2048 * 16, 2048, 1536, 16 * 2048 * 1536, groups=16, in_flight=f), 2, 2250e12, c, None
+        )
+        for f in (None, 4)
+    ]
+    assert t[1] / t[0] == pytest.approx(shares[0] / shares[1])

@@ -110,13 +110,12 @@ def block_linears(
     experts: ExpertPlacement | None = None,
 ) -> list[Linear]:
     """The linear layers of one block on one rank for `m` tokens (Ulysses' split already taken): QKV and the
-    attention output, then the MLP's maps — or the routed experts' as one grouped GEMM over the num_experts /
+    attention output, then the MLP's maps — or the routed experts' as a grouped GEMM over the num_experts /
     ep experts the rank holds, of the rows `experts` sends them (toolkit/plan/cost/moe.py; default: ep, every
     token of the rank) and ffn / ETP wide, and a shared expert's. Routers and the shared expert's scalar gate
-    are not among them: n = experts or 1, priced in the training precision by `block_forward_s`. A traced
-    model's are the GEMMs its trace saw against weights, routers included (`traced_linears`). Llama 4's HF
-    block run as HF modules without expert parallelism (`hf_modules`, ep = 1) computes every expert on every
-    token."""
+    are not among them (n = experts or 1, priced in bf16 by `block_forward_s`). A traced model's are the
+    GEMMs its trace saw against weights, routers included (`traced_linears`). Llama 4's HF block run as HF
+    modules without expert parallelism (`hf_modules`, ep = 1) computes every expert on every token."""
     if model.trace is not None:
         return traced_linears(model, m, moe, ep)
     h = model.hidden_size
@@ -134,9 +133,10 @@ def block_linears(
         p = experts or ExpertPlacement(ep=ep)
         rows = routed_rows(model, m, p, hf_modules)
         ffn, local = model.moe_ffn_hidden_size / p.etp, model.num_experts / p.ep
+        grouped = dict(groups=local, in_flight=p.gemm_streams)
         linears += [
-            Linear(rows, h, n_in * ffn, local * h * n_in * ffn, bias, groups=local),
-            Linear(rows, ffn, h, local * ffn * h, bias, groups=local),
+            Linear(rows, h, n_in * ffn, local * h * n_in * ffn, bias, **grouped),
+            Linear(rows, ffn, h, local * ffn * h, bias, **grouped),
         ]
         shared = model.shared_expert_ffn_hidden_size / tp
         if shared:

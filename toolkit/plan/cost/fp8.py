@@ -158,6 +158,9 @@ class Linear:
     weights: float
     bias: bool = False
     groups: float = 1.0
+    in_flight: float | None = None
+    """Of a grouped GEMM, how many groups run at once and share the GPU's waves (None: all of them, one
+    grouped kernel; toolkit.plan.cost.moe.ExpertPlacement.gemm_streams)."""
 
 
 @dataclass(frozen=True)

@@ -51,14 +51,17 @@ def gemm_s(
     efficiency: float | None = None,
     out_e: int | None = None,
     groups: float = 1.0,
+    in_flight: float | None = None,
 ) -> float:
-    """One GEMM (m×k)·(k×n), or `groups` of them in one grouped kernel (a rank's experts, each m×k·k×n):
-    compute-bound at `efficiency` (default the cluster's matmul efficiency) of `peak` (less the tile
-    quantization of each group and the wave quantization of all groups' tiles together, where the SM count is
-    known) or memory-bound on its operands (`e` bytes each) and result (`out_e`, default `e`)."""
+    """One GEMM (m×k)·(k×n), or `groups` of them (a rank's experts, each m×k·k×n): compute-bound at
+    `efficiency` (default the cluster's matmul efficiency) of `peak` (less the tile quantization of each group
+    and, where the SM count is known, the wave quantization of the tiles of the `in_flight` groups that run at
+    once — default all, one grouped kernel) or memory-bound on its operands (`e` bytes each) and result
+    (`out_e`, default `e`)."""
     eff = efficiency or cluster.gpu_matmul_efficiency
     if cluster.gpu_sm_count:
-        eff *= quantization_efficiency(m, n, cluster.gpu_sm_count, groups)
+        sharing = min(groups, in_flight) if in_flight else groups
+        eff *= quantization_efficiency(m, n, cluster.gpu_sm_count, sharing)
     out = e if out_e is None else out_e
     return groups * max(
         2 * m * k * n / (peak * eff),
@@ -69,7 +72,7 @@ def gemm_s(
 def linear_s(x: Linear, e: int, peak: float, cluster: ClusterSpec, fp8: Fp8Gemms | None) -> float:
     """A linear layer's forward GEMM: in the training precision, or with FP8 (MXFP8, NVFP4) operands and a
     bf16 result."""
-    m = x.m / x.groups
+    m, grouped = x.m / x.groups, dict(groups=x.groups, in_flight=x.in_flight)
     if fp8 is None:
-        return gemm_s(m, x.k, x.n, e, peak, cluster, groups=x.groups)
-    return gemm_s(m, x.k, x.n, fp8.operand_bytes, fp8.peak, cluster, fp8.efficiency, out_e=e, groups=x.groups)
+        return gemm_s(m, x.k, x.n, e, peak, cluster, **grouped)
+    return gemm_s(m, x.k, x.n, fp8.operand_bytes, fp8.peak, cluster, fp8.efficiency, out_e=e, **grouped)

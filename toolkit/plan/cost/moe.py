@@ -55,6 +55,8 @@ from toolkit.plan.cost import comm
 from toolkit.plan.layout import Layout
 from toolkit.plan.specs import ClusterSpec, ModelSpec
 
+TE_COMPUTE_STREAMS = 4
+"""Transformer Engine's compute streams for its multi-GEMM calls (ExpertPlacement.gemm_streams)."""
 DEEPEP_SMS = 20
 """SMs DeepEP's normal (training) kernels run on: `Buffer.num_sms` by default (deep_ep/buffer.py @ 2be0d4f);
 "only 20 SMs are sufficient to fully utilize the bandwidths of IB and NVLink" on H800 (DeepSeek-V3 report
@@ -95,6 +97,12 @@ class ExpertPlacement:
     folded: bool = False
     """Megatron-Core's expert grid (EP at stride ETP over TP × CP × DP); DeepSpeed's EP is inside DP."""
     dispatcher: str = "alltoall"
+    gemm_streams: int | None = None
+    """Local experts' GEMMs in flight at once. Megatron-Core's experts are Transformer Engine's GroupedLinear,
+    which issues one cuBLAS GEMM per expert round-robin over TE's compute streams (`nvte_multi_tensor_gemm` →
+    `multi_stream_cublas_gemm`, cublaslt_gemm.cu; `num_compute_streams = 4`, util/multi_stream.cpp @ d0067d0;
+    CUTLASS's grouped GEMM only on Hopper, in bf16, behind NVTE_USE_CUTLASS_GROUPED_GEMM), so the tiles of at
+    most 4 experts share the waves. None: one grouped kernel (torch._grouped_mm), every expert's tiles together."""
 
 
 def placement(model: ModelSpec, layout: Layout, hf_modules: bool = False) -> ExpertPlacement:
@@ -110,6 +118,7 @@ def placement(model: ModelSpec, layout: Layout, hf_modules: bool = False) -> Exp
         imbalance=imbalance(model, layout.ep, tokens),
         folded=layout.etp is not None,
         dispatcher=layout.moe_dispatcher or "alltoall",
+        gemm_streams=TE_COMPUTE_STREAMS if layout.etp is not None else None,
     )
 
 
