@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolkit.plan.cost.estimate import Estimate
+from toolkit.plan.cost.fp8 import TE_TENSORWISE
 from toolkit.plan.cost.memory import Memory
 from toolkit.plan.layout import Layout
 from toolkit.plan.query import RECOMPUTE, SEARCHED
@@ -192,9 +193,7 @@ def _precision_line(best: Candidate, search: Any) -> str:
     fp8, other = pick(by["fp8"]), pick(by[default])
     assert fp8.estimate is not None and other.estimate is not None
     recipe = fp8.layout.fp8_recipe
-    runtime = (
-        f"Transformer Engine, {recipe} scaling" if recipe in ("delayed", "current") else "torchao.float8"
-    )
+    runtime = f"Transformer Engine, {recipe} scaling" if recipe in TE_TENSORWISE else "torchao.float8"
     extra = fp8.estimate.memory.total - other.estimate.memory.total
     versus = (
         f"{fp8.tokens_per_s / other.tokens_per_s:.2f}× the tokens/s of the best {default} layout (step "

@@ -258,7 +258,7 @@ def fp8_scaling_needs_te(m: ModelSpec, c: ClusterSpec, r: LayoutRequest, dp: int
         return None
     if r.precision != "fp8":
         return f"--fp8-scaling: the scaling of --precision fp8's casts; got --precision {r.precision or 'default'}"
-    if not r.fused_kernels or r.fsdp is not None:
+    if not r.megatron_stack:
         return (
             "--fp8-scaling: Transformer Engine's scaling in Megatron's fused blocks (--fused-kernels without "
             "--fsdp); dstk train and PyTorch FSDP runs cast with torchao.float8 (tensorwise, current scaling)"

@@ -222,6 +222,12 @@ class LayoutRequest(BaseModel):
     """LoRA fine-tuning, e.g. `r=16,alpha=32[,dropout=0.05][,targets=q_proj+v_proj]`: adapters train, the
     base weights are frozen (no gradients or optimizer states for them); see toolkit/plan/lora.py."""
 
+    @property
+    def megatron_stack(self) -> bool:
+        """Megatron's runtimes (Megatron-LM, Megatron-DeepSpeed, Megatron-Core, NeMo): `--fused-kernels`
+        without PyTorch FSDP, whose `--fused-kernels` is torch.compile."""
+        return self.fused_kernels and self.fsdp is None
+
     @field_validator("recompute_modules")
     @classmethod
     def _normal_recompute_modules(cls, value: str | None) -> str | None:
@@ -263,12 +269,6 @@ class Layout(LayoutRequest):
         if self.precision != "fp8":
             return None
         return (self.fp8_scaling or "delayed") if self.megatron_stack else "tensorwise"
-
-    @property
-    def megatron_stack(self) -> bool:
-        """Megatron's runtimes (Megatron-LM, Megatron-DeepSpeed, Megatron-Core, NeMo): `--fused-kernels`
-        without PyTorch FSDP, whose `--fused-kernels` is torch.compile."""
-        return self.fused_kernels and self.fsdp is None
 
     @property
     def recomputed_modules(self) -> frozenset[str]:

@@ -24,7 +24,7 @@ from toolkit.plan.cost.attention import attention_core_s
 from toolkit.plan.cost.fp8 import CastTraffic, Fp8Gemms, Linear, cast_traffic
 from toolkit.plan.cost.gemm import gemm_s, linear_s
 from toolkit.plan.cost.moe import ExpertPlacement, permute_bytes, routed_copies
-from toolkit.plan.cost.selective import stage_replay_s
+from toolkit.plan.cost.selective import mlp_act_passes, stage_replay_s
 from toolkit.plan.cost.traced_blocks import traced_block_time, traced_linears
 from toolkit.plan.params import ParamCount
 from toolkit.plan.specs import ClusterSpec, ModelSpec
@@ -227,7 +227,7 @@ def block_time(
     # write h), the activation's kernels (and the gate product)
     norm = 2 if fused or model.norm != "rmsnorm" else rmsnorm_eager_passes(e)
     replicated = model.family.norms_per_block * norm * h + 2 * 3 * h
-    act = ACTIVATIONS[model.activation].passes + (3 if model.gated_mlp else 0)
+    act = mlp_act_passes(model)
     passes = (replicated / tp if sequence_parallel else replicated) + act * ffn_tp
     if not fused and model.position_embedding == "rope":
         rope = model.qk_rope_head_dim or model.head_dim  # latent attention rotates its rope part only

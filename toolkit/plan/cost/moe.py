@@ -97,12 +97,16 @@ class ExpertPlacement:
     folded: bool = False
     """Megatron-Core's expert grid (EP at stride ETP over TP × CP × DP); DeepSpeed's EP is inside DP."""
     dispatcher: str = "alltoall"
-    gemm_streams: int | None = None
-    """Local experts' GEMMs in flight at once. Megatron-Core's experts are Transformer Engine's GroupedLinear,
-    which issues one cuBLAS GEMM per expert round-robin over TE's compute streams (`nvte_multi_tensor_gemm` →
-    `multi_stream_cublas_gemm`, cublaslt_gemm.cu; `num_compute_streams = 4`, util/multi_stream.cpp @ d0067d0;
-    CUTLASS's grouped GEMM only on Hopper, in bf16, behind NVTE_USE_CUTLASS_GROUPED_GEMM), so the tiles of at
-    most 4 experts share the waves. None: one grouped kernel (torch._grouped_mm), every expert's tiles together."""
+
+    @property
+    def gemm_streams(self) -> int | None:
+        """Local experts' GEMMs in flight at once. Megatron-Core's (folded) experts are Transformer Engine's
+        GroupedLinear, which issues one cuBLAS GEMM per expert round-robin over TE's compute streams
+        (`nvte_multi_tensor_gemm` → `multi_stream_cublas_gemm`, cublaslt_gemm.cu; `num_compute_streams = 4`,
+        util/multi_stream.cpp @ d0067d0; CUTLASS's grouped GEMM only on Hopper, in bf16, behind
+        NVTE_USE_CUTLASS_GROUPED_GEMM), so the tiles of at most 4 experts share the waves. None: one grouped
+        kernel (torch._grouped_mm), every expert's tiles together."""
+        return TE_COMPUTE_STREAMS if self.folded else None
 
 
 def placement(model: ModelSpec, layout: Layout, hf_modules: bool = False) -> ExpertPlacement:
@@ -118,7 +122,6 @@ def placement(model: ModelSpec, layout: Layout, hf_modules: bool = False) -> Exp
         imbalance=imbalance(model, layout.ep, tokens),
         folded=layout.etp is not None,
         dispatcher=layout.moe_dispatcher or "alltoall",
-        gemm_streams=TE_COMPUTE_STREAMS if layout.etp is not None else None,
     )
 
 

@@ -23,6 +23,12 @@ def mlp_saved(model: ModelSpec) -> int:
     return facts.gated_saved if model.gated_mlp else facts.saved
 
 
+def mlp_act_passes(model: ModelSpec) -> int:
+    """Passes over the MLP's inner width its activation makes per token (ACTIVATIONS), and for a gated MLP
+    the product with the up projection (read two, write one)."""
+    return ACTIVATIONS[model.activation].passes + (3 if model.gated_mlp else 0)
+
+
 def _separate_norms(model: ModelSpec, moe: bool) -> int:
     """Norms of a block that are modules of their own, which `layernorm` recomputes: the one before an MoE
     layer's router, and latent attention's input norm; the others are fused into TE's LayerNormLinear."""
@@ -76,7 +82,7 @@ def selective_replay_s(
     and the activation again)."""
     hbm = cluster.gpu_memory_gb_per_s * 1e9
     h, t = model.hidden_size, 0.0
-    act = ACTIVATIONS[model.activation].passes + (3 if model.gated_mlp else 0)
+    act = mlp_act_passes(model)
     n_in = 2 if model.gated_mlp else 1
     if "layernorm" in modules:
         t += 2 * e * h * m * _separate_norms(model, moe) / hbm
