@@ -23,6 +23,10 @@ Each row is priced as its stack runs, from the recipe (no per-row constant):
 - torchtitan: PyTorch FSDP2 (`--fsdp fp32 --zero-stage 3`, gradients reduced in fp32, torchtitan's default),
   torch.compile (`--fused-kernels`), SDPA's flash attention, expert parallelism inside the FSDP ranks, DeepEP
   where the row says so, full activation checkpointing where it was on.
+Controlled pairs (`controlled_pairs` in the data) are runs a source measured twice, one recipe switch off and on and
+everything else held fixed (Megatron-Bridge's EP-overlap A/B on 16 H100): the summary prints the measured and
+dstk's step times for each, which says whether dstk prices what the switch buys. They are held out like the other
+tables: not rows, not used to build the model.
 Usage: python benchmarks/published_moe.py [--kernel-launch-us US]
 `--kernel-launch-us` reprices every row with that host cost per kernel (the cluster presets' 5 µs otherwise): a
 sensitivity check of the host-issue floor, printed only, not recorded.
@@ -189,6 +193,28 @@ def summary(rows: list[dict]) -> list[str]:
     return lines
 
 
+def controlled_pairs(data: dict, models: Path, launch_us: float | None = None) -> list[str]:
+    """One line per controlled A/B pair (`controlled_pairs` in the data): a run measured with one recipe switch
+    off and on, everything else held fixed, against dstk's step time for each — whether dstk prices what the
+    switch buys, which the rows, each measured once, cannot show. Ratios as in the rows: dstk's throughput over
+    the measured one (measured step time over dstk's)."""
+    out = []
+    for pair in data.get("controlled_pairs") or []:
+        key = pair["toggled"]
+        steps = {}
+        for state in ("off", "on"):
+            row = {**pair, "layout": {**pair["layout"], key: "True" if state == "on" else "False"}}
+            steps[state] = estimate_json(flags(row, models, launch_us), pair["id"])["step_time_s"]
+        measured = pair["step_s"]
+        out.append(
+            f"{pair['id']} ({key} off → on): measured {measured['off']:.2f} → {measured['on']:.2f} s "
+            f"(×{measured['off'] / measured['on']:.2f}), dstk {steps['off']:.2f} → {steps['on']:.2f} s "
+            f"(×{steps['off'] / steps['on']:.2f}); ratio ×{measured['off'] / steps['off']:.2f} off, "
+            f"×{measured['on'] / steps['on']:.2f} on"
+        )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -227,8 +253,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{est['memory_per_gpu_bytes']['total'] / 2**30:6.1f} GiB  compute {b['compute']:.2f} bubble "
             f"{b['pipeline_bubble']:.2f} mp {b['model_parallel_comm']:.2f} dp {b['data_parallel_comm']:.2f}  {row['id']}"
         )
+    pairs = controlled_pairs(data, models, launch_us)
     if launch_us is not None:  # a what-if, not the record
-        print(f"kernel_launch_us {launch_us:g} on every cluster:", *summary(rows), sep="\n")
+        print(f"kernel_launch_us {launch_us:g} on every cluster:", *summary(rows), *pairs, sep="\n")
         return 0
     write_report(
         "published_moe",
@@ -245,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['memory_gib']:.1f}",
             f"`{r['args']}`",
         ],
-        summarize=summary,
+        summarize=lambda rs: summary(rs) + pairs,
     )
     return 0
 

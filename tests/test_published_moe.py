@@ -51,3 +51,21 @@ def test_every_row_is_priced_with_its_published_layout(tmp_path: Path) -> None:
         assert est["layout"]["world_size"] == row["gpus"], row["id"]
         assert est["layout"]["ep"] == (lay.get("ep") or 1) and est["layout"]["pp"] == (lay.get("pp") or 1)
         assert est["tokens_per_s"] > 0, row["id"]
+
+
+def test_a_controlled_pair_differs_only_by_its_switch(tmp_path: Path) -> None:
+    """A controlled A/B pair is priced twice with the same flags but its one switch: the measured on/off ratio is
+    compared with what dstk makes of that switch alone."""
+    moe = importlib.import_module("benchmarks.published_moe")
+    pairs = _data()["controlled_pairs"]
+    assert pairs
+    for pair in pairs:
+        assert COMMIT.search(pair["source"]) and set(pair["step_s"]) == {"off", "on"}
+        key = pair["toggled"]
+        off, on = (
+            moe.flags({**pair, "layout": {**pair["layout"], key: state}}, tmp_path)
+            for state in ("False", "True")
+        )
+        assert set(on) - set(off) == {"--ep-comm-overlap"} and len(on) == len(off) + 1
+    (line,) = moe.controlled_pairs(_data(), tmp_path)
+    assert line.startswith(pairs[0]["id"]) and "measured 24.71 → 20.99 s" in line
