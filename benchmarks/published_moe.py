@@ -18,12 +18,13 @@ Each row is priced as its stack runs, from the recipe (no per-row constant):
   the recipe's dispatcher (`--moe-dispatcher`), EP communication overlap (`--ep-comm-overlap`), force-balanced
   routing ("In MoE training benchmarks, we force-balance the token distribution among experts", the summary's
   footnote), the recipe's pipeline layout and multi-token-prediction layers, FP8 with per-tensor current scaling
-  (`--precision fp8 --fp8-scaling current`, Bridge's fp8_cs), MXFP8 and NVFP4 as TE's block-scaled recipes, and the full-iteration CUDA graph of the
-  newest recipes (`--cuda-graphs`), and the recipe's recomputed modules (`--recompute-modules`).
+  (`--precision fp8 --fp8-scaling current`, Bridge's fp8_cs), MXFP8 and NVFP4 as TE's block-scaled recipes,
+  the full-iteration CUDA graph of the newest recipes (`--cuda-graphs`), and the recipe's recomputed modules
+  (`--recompute-modules`).
 - torchtitan: PyTorch FSDP2 (`--fsdp fp32 --zero-stage 3`, gradients reduced in fp32, torchtitan's default),
-  torch.compile (`--fused-kernels`), fused attention (`--flash-attention`; the DeepEP rows' Qwen3 runs SDPA, whose
-  torchtitan wrapper puts cuDNN's kernel first, torchtitan/models/attention.py @ efd87e4), expert parallelism inside the FSDP ranks, DeepEP
-  where the row says so, full activation checkpointing where it was on.
+  torch.compile (`--fused-kernels`), fused attention (`--flash-attention`; the DeepEP rows' Qwen3 runs SDPA,
+  whose torchtitan wrapper puts cuDNN's kernel first, torchtitan/models/attention.py @ efd87e4), expert
+  parallelism inside the FSDP ranks, DeepEP where the row says so, full activation checkpointing where it was on.
 Controlled pairs (`controlled_pairs` in the data) are runs a source measured twice, one recipe switch off and on and
 everything else held fixed (Megatron-Bridge's EP-overlap A/B on 16 H100): the summary prints the measured and
 dstk's step times for each, which says whether dstk prices what the switch buys. They are held out like the other

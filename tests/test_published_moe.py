@@ -57,7 +57,8 @@ def test_a_controlled_pair_differs_only_by_its_switch(tmp_path: Path) -> None:
     """A controlled A/B pair is priced twice with the same flags but its one switch: the measured on/off ratio is
     compared with what dstk makes of that switch alone."""
     moe = importlib.import_module("benchmarks.published_moe")
-    pairs = _data()["controlled_pairs"]
+    data = _data()
+    pairs = data["controlled_pairs"]
     assert pairs
     for pair in pairs:
         assert COMMIT.search(pair["source"]) and set(pair["step_s"]) == {"off", "on"}
@@ -67,5 +68,5 @@ def test_a_controlled_pair_differs_only_by_its_switch(tmp_path: Path) -> None:
             for state in ("False", "True")
         )
         assert set(on) - set(off) == {"--ep-comm-overlap"} and len(on) == len(off) + 1
-    (line,) = moe.controlled_pairs(_data(), tmp_path)
+    (line,) = moe.controlled_pairs(data, tmp_path)
     assert line.startswith(pairs[0]["id"]) and "measured 24.71 → 20.99 s" in line
